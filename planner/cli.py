@@ -1,0 +1,139 @@
+"""Command line: one click group, one error boundary. stdout carries data, stderr humans."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from planner import __version__
+from planner.errors import PlannerError
+
+
+def _strategy_options(f):
+    opts = [
+        click.option("--tp", type=int, help="tensor-parallel degree"),
+        click.option("--pp", type=int, help="pipeline-parallel degree"),
+        click.option("--dp", type=int, help="data-parallel degree (default: GPUs / (tp*pp*cp))"),
+        click.option("--cp", type=int, help="context-parallel degree"),
+        click.option("--ep", type=int, help="expert-parallel degree (divides dp*cp)"),
+        click.option("--vpp", type=int, help="virtual pipeline stages per rank (interleaving)"),
+        click.option("--micro-batch", type=int, help="sequences per micro-batch"),
+        click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage 0-3"),
+        click.option("--recompute", type=click.Choice(["none", "selective", "full"])),
+        click.option("--recompute-layers", type=int, help="with --recompute full: layers per stage recomputed"),
+        click.option("--sequence-parallel/--no-sequence-parallel", default=None),
+        click.option("--dp-overlap/--no-dp-overlap", default=None),
+        click.option("--schedule", type=click.Choice(["1f1b", "interleaved-1f1b"])),
+        click.option("--order", help="rank order, innermost first (default tp-cp-ep-dp-pp)"),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _setup_options(f):
+    opts = [
+        click.option("--model", "-m", "model_ref", required=True, help="preset name, our YAML, or a config.json"),
+        click.option("--cluster", "-c", "cluster_ref", required=True, help="preset name or cluster YAML"),
+        click.option("--gpus", type=int, required=True, help="number of GPUs"),
+        click.option("--global-batch", type=int, required=True, help="sequences per step"),
+        click.option("--seq-len", type=int, help="sequence length (default: the model's)"),
+        click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
+        click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True),
+        click.option("--runtime", type=click.Choice(["any", "megatron", "deepspeed", "torchtitan"]), default="any",
+                     show_default=True),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="planner")
+def cli() -> None:
+    """Auto-parallel planner for distributed training: specs in, priced strategies searched, a plan out."""
+
+
+@cli.command()
+@_setup_options
+@_strategy_options
+@click.option("--json", "as_json", is_flag=True, help="print exactly one plan document on stdout")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here")
+def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, as_json, output,
+             **knobs):
+    """Price exactly the strategy given (unset knobs take documented defaults)."""
+    from planner import report
+    from planner.cost.step import estimate as price
+    from planner.plan import build_plan, dumps, write_atomic
+    from planner.spec.hardware import load_cluster
+    from planner.spec.model import load_model
+    from planner.spec.training import TrainingSetup, resolve_strategy
+
+    model = load_model(model_ref)
+    cluster = load_cluster(cluster_ref)
+    setup = TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len,
+                          precision=precision, attention=attention, runtime=runtime)
+    constraints = {k: v for k, v in knobs.items() if v is not None}
+    strategy = resolve_strategy(constraints, setup)
+    est = price(model, cluster, setup, strategy)
+    notes = []
+    if not cluster.efficiency.source.startswith("fitted"):
+        notes.append(f"efficiencies of {cluster.name}: {cluster.efficiency.source}, not fitted to measured runs")
+    if not est.fits:
+        notes.append(f"does not fit: needs {est.peak_memory_bytes / 2**30:.1f} GiB per GPU, "
+                     f"{cluster.gpu.name} has {est.capacity_bytes / 2**30:.1f} GiB")
+    plan = build_plan(model, cluster, setup, strategy, est, constraints, {"name": "none", "time_limit_s": 0},
+                      notes=notes)
+    text = dumps(plan)
+    if output:
+        write_atomic(output, text)
+    if as_json:
+        click.echo(text, nl=False)
+    else:
+        report.estimate_table(plan)
+        if output:
+            report.err.print(f"plan written to {output}")
+
+
+@cli.command("models")
+def list_models() -> None:
+    """List model presets."""
+    from planner.presets import preset_names
+    for name in preset_names("models"):
+        click.echo(name)
+
+
+@cli.command("hardware")
+def list_hardware() -> None:
+    """List GPU and cluster presets."""
+    from planner.presets import preset_names
+    for kind in ("hardware/gpus", "hardware/clusters"):
+        for name in preset_names(kind):
+            click.echo(f"{kind.split('/')[1][:-1]}\t{name}")
+
+
+def main() -> None:
+    """Entry point with the one error boundary: known errors become one red line and an exit code."""
+    try:
+        cli.main(standalone_mode=False)
+    except PlannerError as e:
+        if os.environ.get("PLANNER_DEBUG"):
+            raise
+        from planner.report import error_line
+        error_line(str(e))
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:  # noqa: BLE001 - last line of defence: one line, never a traceback
+        if os.environ.get("PLANNER_DEBUG"):
+            raise
+        from planner.report import error_line
+        error_line(f"internal error: {type(e).__name__}: {e} (set PLANNER_DEBUG=1 for the traceback)")
+        sys.exit(70)

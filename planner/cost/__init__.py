@@ -1,0 +1,1 @@
+"""The analytic cost model: pure functions that price one strategy."""

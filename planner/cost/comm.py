@@ -1,0 +1,66 @@
+"""Collectives priced with the alpha-beta model on the tiers a group spans.
+
+Ring collectives over n ranks on one tier (Thakur et al. 2005; nccl-tests PERFORMANCE.md):
+  all-reduce     2(n-1)/n * M / B + 2(n-1) * alpha
+  all-gather     (n-1)/n * M / B + (n-1) * alpha        (M = gathered size)
+  reduce-scatter (n-1)/n * M / B + (n-1) * alpha        (M = input size)
+  all-to-all     (n-1)/n * M / B + (n-1) * alpha
+  p2p            M / B + alpha
+B is the per-GPU per-direction link bandwidth times the tier's efficiency; the nccl-tests "bus
+bandwidth" of a collective equals B by construction.
+
+A group spanning N nodes with `per_node` ranks on each is priced hierarchically (NCCL's rings
+cross each node boundary once per ring, one ring per NIC): the intra-node phase over `per_node`
+ranks moves M as above on NVLink, and the inter-node phase moves M / per_node per GPU over N nodes
+on each GPU's own NIC.
+"""
+
+from __future__ import annotations
+
+from planner.placement import Span
+from planner.spec.hardware import Cluster
+
+_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}
+
+
+def _tier_bandwidth(cluster: Cluster, intra: bool, ranks_in_node: int) -> tuple[float, float]:
+    eff = cluster.efficiency
+    if intra:
+        tier = cluster.intra_node
+        bw = tier.Bps * eff.intra_link_fraction
+        if tier.mesh and cluster.gpus_per_node > 1:
+            bw *= (ranks_in_node - 1) / (cluster.gpus_per_node - 1)
+        return bw, tier.latency_s
+    return cluster.inter_node.Bps * eff.inter_link_fraction, cluster.inter_node.latency_s
+
+
+def _ring(kind: str, message_bytes: float, n: int, bw_Bps: float, latency_s: float) -> float:
+    if n <= 1:
+        return 0.0
+    f = _FACTOR[kind]
+    return f * (n - 1) / n * message_bytes / bw_Bps + f * (n - 1) * latency_s
+
+
+def collective_time_s(kind: str, message_bytes: float, span: Span, cluster: Cluster) -> float:
+    """Time of one collective of `kind` with per-rank message `message_bytes` over a group."""
+    if span.size <= 1 or message_bytes <= 0:
+        return 0.0
+    intra_bw, intra_lat = _tier_bandwidth(cluster, True, span.per_node)
+    if span.nodes == 1:
+        return _ring(kind, message_bytes, span.size, intra_bw, intra_lat)
+    inter_bw, inter_lat = _tier_bandwidth(cluster, False, span.per_node)
+    if kind == "all_to_all":
+        off_node = (span.size - span.per_node) / span.size
+        on_node = (span.per_node - 1) / span.size
+        return (on_node * message_bytes / intra_bw + off_node * message_bytes / inter_bw
+                + (span.size - 1) * inter_lat)
+    local = _ring(kind, message_bytes, span.per_node, intra_bw, intra_lat)
+    return local + _ring(kind, message_bytes / span.per_node, span.nodes, inter_bw, inter_lat)
+
+
+def p2p_time_s(message_bytes: float, inter_node: bool, cluster: Cluster) -> float:
+    """One point-to-point send between neighbouring pipeline stages."""
+    if message_bytes <= 0:
+        return 0.0
+    bw, lat = _tier_bandwidth(cluster, not inter_node, 2)
+    return message_bytes / bw + lat

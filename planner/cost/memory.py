@@ -1,0 +1,50 @@
+"""Bytes per GPU: weights, gradients, optimizer states, activations, other.
+
+Mixed-precision Adam (Rajbhandari et al. 2020, ZeRO §3): 16-bit weights (2 bytes per parameter),
+gradients kept in fp32 as Megatron's main_grad buffers (4), fp32 master weights and two Adam
+moments (12). ZeRO-1 shards the 12 bytes over the data-parallel group, ZeRO-2 the gradients too,
+ZeRO-3 the weights too. Korthikanti et al. 2022's own accounting is 2 + 4 + 12 = 18 bytes per
+parameter of the transformer layers' GEMM weights.
+
+`other` is what a real runtime adds: the CUDA context and library workspaces (cuBLAS, NCCL),
+ZeRO-3's prefetched full layers, and an allocator fragmentation allowance on activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.units import GIB
+
+WEIGHT_BYTES = 2
+GRAD_BYTES = 4
+OPTIMIZER_BYTES = 12
+RUNTIME_RESERVED_BYTES = 1.0 * GIB
+"""CUDA context (~0.5 GiB) plus cuBLAS and NCCL workspaces, as PyTorch reports them reserved"""
+FRAGMENTATION = 0.05
+"""caching-allocator overhead on activations (fraction), an allowance, not a measurement"""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.other
+
+
+def state_bytes(params: float, zero: int, shards: int) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes of `params` parameters replicated over `shards` ranks."""
+    weights = WEIGHT_BYTES * params / (shards if zero >= 3 else 1)
+    grads = GRAD_BYTES * params / (shards if zero >= 2 else 1)
+    optimizer = OPTIMIZER_BYTES * params / (shards if zero >= 1 else 1)
+    return weights, grads, optimizer
+
+
+def other_bytes(activation_bytes: float, prefetch_bytes: float) -> float:
+    return RUNTIME_RESERVED_BYTES + prefetch_bytes + FRAGMENTATION * activation_bytes

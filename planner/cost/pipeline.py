@@ -1,0 +1,50 @@
+"""Pipeline schedules: stage split, step time with its bubble, micro-batches in flight.
+
+Step time (Narayanan et al. 2021 §2.2, generalised to unequal stages): with t_i the time of one
+micro-batch (forward + backward) on stage i, m micro-batches and v virtual stages per rank,
+    T = m * max_i t_i + (sum_i t_i - max_i t_i) / v.
+Equal stages give T = (m + (p-1)/v) * t: bubble fraction (p-1)/m for 1F1B and (p-1)/(v*m)
+interleaved. For v = 1 it is the (m-1) * max + sum of Alpa's stage construction.
+
+In-flight activations: 1F1B stage i holds min(p - i, m) micro-batches; interleaved 1F1B (Megatron)
+holds 2*(p - i - 1) + (v - 1)*p + 1 model chunks at its peak, which for stage 0 is Korthikanti
+et al. 2022's p * (1 + (p-1)/(p*v)) micro-batches of the whole stage.
+"""
+
+from __future__ import annotations
+
+
+def split_layers(layers: int, pp: int, vpp: int) -> list[tuple[int, int]]:
+    """Even split of `layers` into pp*vpp chunks [start, end); extra layers go to the middle
+    chunks, since the first and last stages also carry the embedding and the LM head."""
+    chunks = pp * vpp
+    base, extra = divmod(layers, chunks)
+    sizes = [base] * chunks
+    start = (chunks - extra) // 2
+    for i in range(start, start + extra):
+        sizes[i] += 1
+    bounds, at = [], 0
+    for size in sizes:
+        bounds.append((at, at + size))
+        at += size
+    return bounds
+
+
+def stage_chunks(bounds: list[tuple[int, int]], pp: int) -> list[list[tuple[int, int]]]:
+    """Chunks held by each pipeline rank: rank i holds chunks i, i + pp, i + 2*pp, ..."""
+    return [bounds[i::pp] for i in range(pp)]
+
+
+def pipeline_time_s(stage_times_s: list[float], microbatches: int, vpp: int) -> tuple[float, float]:
+    """(step time of the pipeline, bubble part of it); formula in the module docstring."""
+    worst = max(stage_times_s)
+    bubble = (sum(stage_times_s) - worst) / vpp
+    return microbatches * worst + bubble, bubble
+
+
+def in_flight(stage: int, pp: int, microbatches: int, vpp: int) -> float:
+    """Micro-batches of the whole stage whose activations stage `stage` holds at its peak."""
+    if vpp == 1:
+        return float(min(pp - stage, microbatches))
+    chunks = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, microbatches * vpp)
+    return chunks / vpp

@@ -1,0 +1,370 @@
+"""LayerGraph: the model as an ordered chain of layers, each priced as a `Work` record.
+
+A `Work` holds, for ONE micro-batch on ONE GPU, the forward FLOPs of every GEMM with its
+arithmetic intensity, the attention-core FLOPs, the bytes moved by memory-bound ops, the
+messages of the collectives the layer issues, the activation bytes it saves for backward, and
+its parameters. The embedding and the LM head are not layers of the chain: they sit on the first
+and last pipeline stage (`embedding_work`, `head_work`).
+
+Sources: FLOPs per GEMM are 2*m*n*k. Saved activations follow Korthikanti et al. 2022 (§4.1,
+Table 2): attention 11*s*b*h + 5*a*s^2*b, MLP 19*s*b*h, two LayerNorms 4*s*b*h with 16-bit
+values and 1-byte dropout masks, of which 10*s*b*h stay replicated under tensor parallelism
+unless sequence parallelism shards them. They are derived here per tensor (GQA, SwiGLU, MoE,
+MLA, flash attention) so that the paper's totals come out for the GPT layer it describes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.spec.model import ModelSpec
+
+ACT_BYTES = 2
+"""bytes of a 16-bit activation element"""
+MASK_BYTES = 1
+"""PyTorch keeps dropout masks as bool (1 byte)"""
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """The shape one micro-batch takes on one GPU."""
+
+    micro_batch: int
+    seq_len: int
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    recompute: str = "none"
+    """recompute mode of this layer: none | selective | full"""
+    flash: bool = True
+    dropout: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """Activation bytes saved for backward, by term; `aux` terms (norm statistics, attention
+    log-sum-exp) are real but outside Korthikanti's accounting."""
+
+    main: float
+    aux: float
+
+    @property
+    def total(self) -> float:
+        return self.main + self.aux
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    gemms: tuple[tuple[float, float], ...]
+    """(forward FLOPs, arithmetic intensity) per GEMM, per GPU"""
+    attn_flops: float
+    """attention-core forward FLOPs executed per GPU (causal flash skips the masked half)"""
+    attn_intensity: float
+    elementwise_bytes: float
+    """forward HBM traffic of memory-bound ops per GPU, attention core excluded"""
+    core_elementwise_bytes: float
+    """forward HBM traffic of the eager attention core (softmax, dropout at s x s); 0 with flash"""
+    tp_message_bytes: float
+    """payload of each tensor-parallel collective (all-reduce, or all-gather + reduce-scatter)"""
+    tp_collectives: int
+    """tensor-parallel collectives in forward (as many again in backward)"""
+    cp_message_bytes: float
+    """K and V block passed around the context-parallel ring at each of its cp-1 steps"""
+    ep_message_bytes: float
+    """payload of each expert all-to-all (dispatch and combine) per GPU"""
+    ep_collectives: int
+    saved: Saved
+    saved_full_recompute: float
+    """bytes saved when the layer is fully recomputed (its input only)"""
+    params_local: float
+    """parameters held by this GPU for the layer (dense sharded by tp; experts by ep*tp)"""
+    expert_params_local: float
+    gemm_weight_params: float
+    """parameters in GEMM weight matrices, unsharded (Korthikanti's 12*h^2 per layer)"""
+    model_flops: float
+    """forward model FLOPs of the micro-batch, whole layer, not sharded (MFU numerator)"""
+
+
+def intensity(m: float, n: float, k: float) -> float:
+    """FLOP per element moved of an (m x k) @ (k x n) GEMM: m*n*k / (m*k + k*n + m*n)."""
+    return m * n * k / (m * k + k * n + m * n)
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    k: int
+    n: int
+    split: str
+    """'col' (output sharded by tp), 'row' (input sharded by tp) or 'none'"""
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One transformer layer (or one explicit graph layer: then `explicit` is set)."""
+
+    index: int
+    hidden: int
+    q_heads: int
+    kv_heads: int
+    d_qk: int
+    d_v: int
+    attn_linears: tuple[Linear, ...]
+    mlp_linears: tuple[Linear, ...]
+    """dense MLP, or the shared experts of an MoE layer"""
+    ffn_act: str
+    ffn_width: int
+    """sum of the intermediate widths of the dense MLP / shared experts"""
+    experts: int = 0
+    top_k: int = 0
+    expert_linears: tuple[Linear, ...] = ()
+    norm: str = "layernorm"
+    rope: bool = True
+    causal: bool = True
+    bias: bool = False
+    explicit: tuple | None = None
+    """(fwd_flops, params, saved_bytes, output_bytes) per sample of an explicit graph layer"""
+
+
+def _mlp(hidden: int, width: int, act: str) -> tuple[Linear, ...]:
+    up = 2 * width if act == "swiglu" else width
+    return (Linear(hidden, up, "col"), Linear(width, hidden, "row"))
+
+
+def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
+    if spec.is_graph:
+        return tuple(Layer(index=i, hidden=0, q_heads=0, kv_heads=0, d_qk=0, d_v=0, attn_linears=(), mlp_linears=(),
+                           ffn_act="none", ffn_width=0,
+                           explicit=(g.fwd_flops, g.params, g.saved_bytes, g.output_bytes))
+                     for i, g in enumerate(spec.graph))
+    h, a = spec.hidden, spec.heads
+    if spec.mla is not None:
+        m = spec.mla
+        d_qk, d_v, kv = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, a
+        q = ((Linear(h, m.q_lora_rank, "none"), Linear(m.q_lora_rank, a * d_qk, "col")) if m.q_lora_rank
+             else (Linear(h, a * d_qk, "col"),))
+        attn = q + (Linear(h, m.kv_lora_rank + m.qk_rope_head_dim, "none"),
+                    Linear(m.kv_lora_rank, a * (m.qk_nope_head_dim + d_v), "col"),
+                    Linear(a * d_v, h, "row"))
+    else:
+        d_qk = d_v = spec.head_dim
+        kv = spec.kv_heads
+        attn = (Linear(h, (a + 2 * kv) * d_qk, "col"), Linear(a * d_qk, h, "row"))
+    layers = []
+    for i in range(spec.layers):
+        common = dict(index=i, hidden=h, q_heads=a, kv_heads=kv, d_qk=d_qk, d_v=d_v, attn_linears=attn,
+                      ffn_act=spec.ffn_act, norm=spec.norm, rope=spec.position_embedding == "rope",
+                      causal=spec.causal, bias=spec.linear_bias)
+        if spec.is_moe_layer(i):
+            moe = spec.moe
+            shared = moe.shared_experts * moe.shared_ffn_hidden
+            layers.append(Layer(**common, mlp_linears=_mlp(h, shared, spec.ffn_act) if shared else (),
+                                ffn_width=shared, experts=moe.experts, top_k=moe.top_k,
+                                expert_linears=_mlp(h, moe.expert_ffn_hidden, spec.ffn_act)))
+        else:
+            layers.append(Layer(**common, mlp_linears=_mlp(h, spec.ffn_hidden, spec.ffn_act), ffn_width=spec.ffn_hidden))
+    return tuple(layers)
+
+
+def _linear_params(linears: tuple[Linear, ...], bias: bool) -> tuple[float, float]:
+    """(weights, biases) of a list of linears, unsharded."""
+    return sum(l.k * l.n for l in linears), (sum(l.n for l in linears) if bias else 0)
+
+
+def _local(linears: tuple[Linear, ...], tp: int, bias: bool) -> float:
+    """Parameters of the linears one tp rank holds (row-parallel biases are replicated)."""
+    total = 0.0
+    for l in linears:
+        shard = tp if l.split != "none" else 1
+        total += l.k * l.n / shard + (l.n / (tp if l.split == "col" else 1) if bias else 0)
+    return total
+
+
+def layer_params(layer: Layer) -> float:
+    """All parameters of a layer: linears (and biases), norms, router, all experts."""
+    if layer.explicit is not None:
+        return layer.explicit[1]
+    w, b = _linear_params(layer.attn_linears + layer.mlp_linears, layer.bias)
+    norm = 2 * layer.hidden * (2 if layer.norm == "layernorm" else 1)
+    ew, eb = _linear_params(layer.expert_linears, layer.bias)
+    router = layer.hidden * layer.experts
+    return w + b + norm + layer.experts * (ew + eb) + router
+
+
+@lru_cache(maxsize=65536)
+def layer_work(layer: Layer, ctx: Ctx) -> Work:
+    """Forward work of one layer for one micro-batch on one GPU (formulas in the module doc)."""
+    if layer.explicit is not None:
+        return _explicit_work(layer, ctx)
+    b, s, tp, cp = ctx.micro_batch, ctx.seq_len, ctx.tp, ctx.cp
+    h = layer.hidden
+    tokens = b * s / cp
+    seq_shard = tp if ctx.sp else 1
+    rep = tokens * h / seq_shard
+    q_local = layer.q_heads / tp
+    kv_local = max(layer.kv_heads / tp, 1.0)
+    has_dropout = ctx.dropout > 0
+
+    gemms = []
+    for l in layer.attn_linears + layer.mlp_linears:
+        n = l.n / tp if l.split == "col" else l.n
+        k = l.k / tp if l.split == "row" else l.k
+        gemms.append((2 * tokens * n * k, intensity(tokens, n, k)))
+    expert_tokens = 0.0
+    if layer.experts:
+        # Balanced routing: each GPU of an expert-parallel group processes tokens*top_k token-expert
+        # pairs, spread over its experts/ep local experts (expert weights also sharded by tp).
+        expert_tokens = tokens * layer.top_k
+        per_expert = max(expert_tokens * ctx.ep / layer.experts, 1.0)
+        for l in layer.expert_linears:
+            n = l.n / tp if l.split == "col" else l.n
+            k = l.k / tp if l.split == "row" else l.k
+            gemms.append((2 * expert_tokens * n * k, intensity(per_expert, n, k)))
+        gemms.append((2 * tokens * h * layer.experts, intensity(tokens, layer.experts, h)))
+
+    # Attention core: scores 2*s*s*d_qk and context 2*s*s*d_v per head and sequence.
+    kv_len = s
+    full_core = 2 * b * (s / cp) * kv_len * q_local * (layer.d_qk + layer.d_v)
+    skip = 0.5 if (ctx.flash and layer.causal) else 1.0
+    attn_flops = full_core * skip
+    attn_int = 1.0 / (2.0 / s + 1.0 / layer.d_qk)
+    score_elems = b * q_local * (s / cp) * kv_len
+
+    # Memory-bound ops (bytes read + written, forward).
+    norm_rw = 2 * 2 * ACT_BYTES * rep
+    bias_dropout_add = 2 * (3 * ACT_BYTES + (MASK_BYTES if has_dropout else 0)) * rep
+    act_width = (layer.ffn_width + layer.top_k * (layer.expert_linears[0].n // (2 if layer.ffn_act == "swiglu" else 1)
+                                                   if layer.experts else 0))
+    act_rw = (3 if layer.ffn_act == "swiglu" else 2) * ACT_BYTES * tokens * act_width / tp
+    rope_rw = 2 * ACT_BYTES * tokens * (q_local + kv_local) * layer.d_qk if layer.rope else 0.0
+    softmax_rw = 0.0
+    if not ctx.flash:
+        softmax_rw = score_elems * (2 * ACT_BYTES + ((2 * ACT_BYTES + MASK_BYTES) if has_dropout else 0))
+    permute_rw = 2 * 2 * ACT_BYTES * expert_tokens * h / tp if layer.experts else 0.0
+    elementwise = norm_rw + bias_dropout_add + act_rw + rope_rw + permute_rw
+
+    saved = _saved(layer, ctx, tokens, rep, q_local, kv_local, score_elems, expert_tokens)
+    params_local = (_local(layer.attn_linears + layer.mlp_linears, tp, layer.bias)
+                    + 2 * h * (2 if layer.norm == "layernorm" else 1) + h * layer.experts)
+    ew, eb = _linear_params(layer.expert_linears, layer.bias)
+    expert_local_all = layer.experts * (ew + eb) / (tp * ctx.ep)
+    gemm_weights = _linear_params(layer.attn_linears + layer.mlp_linears, False)[0] + layer.experts * ew
+
+    model_flops = (2 * b * s * (_linear_params(layer.attn_linears + layer.mlp_linears, False)[0]
+                                + layer.top_k * ew + h * layer.experts)
+                   + 2 * b * s * s * layer.q_heads * (layer.d_qk + layer.d_v))
+    return Work(
+        gemms=tuple(gemms), attn_flops=attn_flops, attn_intensity=attn_int, elementwise_bytes=elementwise,
+        core_elementwise_bytes=softmax_rw,
+        tp_message_bytes=tokens * h * ACT_BYTES if tp > 1 else 0.0, tp_collectives=2 if tp > 1 else 0,
+        cp_message_bytes=2 * b * (s / cp) * kv_local * layer.d_qk * ACT_BYTES if cp > 1 else 0.0,
+        ep_message_bytes=expert_tokens * h * ACT_BYTES / tp if layer.experts else 0.0,
+        ep_collectives=2 if layer.experts else 0,
+        saved=saved, saved_full_recompute=ACT_BYTES * rep,
+        params_local=params_local, expert_params_local=expert_local_all,
+        gemm_weight_params=gemm_weights, model_flops=model_flops)
+
+
+def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,
+           score_elems: float, expert_tokens: float) -> Saved:
+    """Activation bytes one layer keeps for backward (Korthikanti 2022 §4.1, per tensor).
+
+    Replicated across tp unless sequence parallel (`rep` elements): both norm inputs and outputs
+    (= inputs of the QKV and first MLP GEMMs), two dropout masks. Sharded by tp: Q, K, V, the
+    attention output (input of the output projection), the MLP intermediates, and with eager
+    attention the softmax output plus dropout mask and output (5*a*s^2*b bytes with dropout).
+    """
+    if ctx.recompute == "full":
+        return Saved(main=ACT_BYTES * rep, aux=0.0)
+    d = ctx.dropout > 0
+    main = 4 * ACT_BYTES * rep + (2 * MASK_BYTES * rep if d else 0)
+    main += ACT_BYTES * tokens * (q_local * layer.d_qk + kv_local * (layer.d_qk + layer.d_v))
+    main += ACT_BYTES * tokens * q_local * layer.d_v
+    if not ctx.flash and ctx.recompute != "selective":
+        main += score_elems * (ACT_BYTES + ((MASK_BYTES + ACT_BYTES) if d else 0))
+    per_token_mlp = (3 if layer.ffn_act == "swiglu" else 2) * ACT_BYTES
+    main += per_token_mlp * tokens * layer.ffn_width / ctx.tp
+    if layer.experts:
+        expert_width = layer.expert_linears[1].k
+        main += ACT_BYTES * rep  # router input is the MLP norm output (shared); the a2a buffers:
+        main += 2 * ACT_BYTES * expert_tokens * layer.hidden / ctx.tp
+        main += per_token_mlp * expert_tokens * expert_width / ctx.tp
+    stats = (8 if layer.norm == "layernorm" else 4) * 2 * tokens / (ctx.tp if ctx.sp else 1)
+    lse = 4 * tokens * q_local if ctx.flash else 0.0
+    return Saved(main=main, aux=stats + lse)
+
+
+def _explicit_work(layer: Layer, ctx: Ctx) -> Work:
+    fwd_flops, params, saved_bytes, output_bytes = layer.explicit
+    b = ctx.micro_batch
+    saved = Saved(main=saved_bytes * b, aux=0.0)
+    flops = fwd_flops * b
+    return Work(gemms=((flops, 1e9),), attn_flops=0.0, attn_intensity=1.0, elementwise_bytes=0.0,
+                core_elementwise_bytes=0.0, tp_message_bytes=0.0, tp_collectives=0, cp_message_bytes=0.0, ep_message_bytes=0.0,
+                ep_collectives=0, saved=saved, saved_full_recompute=output_bytes * b,
+                params_local=params, expert_params_local=0.0, gemm_weight_params=params, model_flops=flops)
+
+
+@dataclass(frozen=True, slots=True)
+class EndWork:
+    """Embedding (first stage) or LM head and loss (last stage) for one micro-batch on one GPU."""
+
+    gemm_flops: float
+    gemm_intensity: float
+    elementwise_bytes: float
+    saved_bytes: float
+    params_local: float
+    params_total: float
+    model_flops: float
+    tp_message_bytes: float
+
+
+def embedding_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
+    """Token (and learned position) embedding: a lookup, its dropout mask, a tp all-reduce of the
+    vocab-parallel lookup (Megatron VocabParallelEmbedding)."""
+    if spec.is_graph:
+        return EndWork(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    tokens = ctx.micro_batch * ctx.seq_len / ctx.cp
+    rows = spec.vocab + (spec.max_position if spec.position_embedding == "learned" else 0)
+    rep = tokens * spec.hidden / (ctx.tp if ctx.sp else 1)
+    return EndWork(gemm_flops=0.0, gemm_intensity=1.0, elementwise_bytes=3 * ACT_BYTES * rep,
+                   saved_bytes=MASK_BYTES * rep if ctx.dropout > 0 else 0.0,
+                   params_local=spec.vocab * spec.hidden / ctx.tp + (rows - spec.vocab) * spec.hidden,
+                   params_total=rows * spec.hidden, model_flops=0.0,
+                   tp_message_bytes=tokens * spec.hidden * ACT_BYTES if ctx.tp > 1 else 0.0)
+
+
+LOGIT_SAVED_BYTES = 4 + 2
+"""per logit element: Megatron's vocab-parallel cross entropy keeps fp32 softmax for backward,
+while the bf16 logits are still alive when it runs"""
+LOGIT_RW_BYTES = 2 + 4 + 4 + 4
+"""per logit element, forward: read bf16 logits, write/read fp32 copy, write fp32 softmax"""
+
+
+def head_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
+    """Final norm, LM-head GEMM 2*b*s*h*V (Korthikanti 2022 App. A), vocab-parallel cross entropy."""
+    if spec.is_graph:
+        return EndWork(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    tokens = ctx.micro_batch * ctx.seq_len / ctx.cp
+    h, v = spec.hidden, spec.vocab
+    rep = tokens * h / (ctx.tp if ctx.sp else 1)
+    logits = tokens * v / ctx.tp
+    norm = 2 * h if spec.norm == "layernorm" else h
+    own_head = 0 if spec.tied_embeddings else v * h
+    return EndWork(gemm_flops=2 * tokens * h * v / ctx.tp, gemm_intensity=intensity(tokens, v / ctx.tp, h),
+                   elementwise_bytes=4 * ACT_BYTES * rep + LOGIT_RW_BYTES * logits,
+                   saved_bytes=2 * ACT_BYTES * rep + LOGIT_SAVED_BYTES * logits,
+                   # a tied head still needs its copy of the embedding on the last stage (pp > 1)
+                   params_local=norm + v * h / ctx.tp, params_total=norm + own_head,
+                   model_flops=2 * ctx.micro_batch * ctx.seq_len * h * v, tp_message_bytes=0.0)
+
+
+def model_params(spec: ModelSpec) -> int:
+    """Total parameters (embeddings once if tied; MTP modules excluded)."""
+    layers = build_layers(spec)
+    total = sum(layer_params(l) for l in layers)
+    if not spec.is_graph:
+        ctx = Ctx(micro_batch=1, seq_len=spec.seq_len)
+        total += embedding_work(spec, ctx).params_total + head_work(spec, ctx).params_total
+    return int(round(total))

@@ -1,0 +1,88 @@
+"""Rank placement: the rank order (Megatron's "tp-cp-ep-dp-pp", innermost first), the members of
+each parallel group, and how a group spreads over nodes (hence which link tier it uses).
+
+Worked example, order tp-cp-dp-pp with tp=2, dp=2, pp=2 (8 ranks): tp groups [0,1] [2,3] [4,5]
+[6,7]; dp groups [0,2] [1,3] [4,6] [5,7]; pp groups [0,4] [1,5] [2,6] [3,7].
+Expert parallelism (ep) is carved from the dp*cp ranks: the ep group takes the innermost ep of
+them (stride tp), and expert data parallelism the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+DENSE_DIMS = ("tp", "cp", "dp", "pp")
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """How one group of `size` ranks sits on nodes: `per_node` of its ranks share a node."""
+
+    size: int
+    per_node: int
+    nodes: int
+
+    @property
+    def tier(self) -> str:
+        return "intra_node" if self.nodes == 1 else "inter_node"
+
+
+def dense_order(order: str) -> tuple[str, ...]:
+    """The order without 'ep' (ep does not multiply the GPU count)."""
+    dims = tuple(d for d in order.split("-") if d != "ep")
+    if sorted(dims) != sorted(DENSE_DIMS):
+        from planner.errors import SpecError
+        raise SpecError(f"rank order {order!r} must list each of tp, cp, dp, pp once (ep optional)")
+    return dims
+
+
+def strides(order: str, degrees: dict[str, int]) -> dict[str, int]:
+    stride, out = 1, {}
+    for dim in dense_order(order):
+        out[dim] = stride
+        stride *= degrees[dim]
+    return out
+
+
+def group_of_rank0(order: str, degrees: dict[str, int], dims: tuple[str, ...]) -> list[int]:
+    """Ranks of the group over `dims` that contains rank 0."""
+    st = strides(order, degrees)
+    ranks = [0]
+    for dim in dims:
+        ranks = [r + i * st[dim] for r in ranks for i in range(degrees[dim])]
+    return sorted(ranks)
+
+
+@lru_cache(maxsize=4096)
+def _span(order: str, degree_items: tuple, dims: tuple[str, ...], gpus_per_node: int,
+          inner: int, size: int) -> Span:
+    degrees = dict(degree_items)
+    if dims == ("ep",):
+        st = strides(order, degrees)
+        base = min(st["dp"], st["cp"]) if degrees["cp"] > 1 else st["dp"]
+        ranks = [i * base * inner for i in range(size)]
+    else:
+        ranks = group_of_rank0(order, degrees, dims)
+    nodes = len({r // gpus_per_node for r in ranks})
+    return Span(size=len(ranks), per_node=len(ranks) // nodes, nodes=nodes)
+
+
+def span(order: str, degrees: dict[str, int], dims: tuple[str, ...], gpus_per_node: int) -> Span:
+    """Span of the group over `dims` ('ep' alone: the expert group; 'edp': expert data parallel)."""
+    if dims == ("edp",):
+        # expert data parallel: dp*cp/ep ranks, stride ep inside the dp*cp block
+        size = degrees["dp"] * degrees["cp"] // degrees["ep"]
+        return _span(order, tuple(sorted(degrees.items())), ("ep",), gpus_per_node, degrees["ep"], size)
+    if dims == ("ep",):
+        return _span(order, tuple(sorted(degrees.items())), ("ep",), gpus_per_node, 1, degrees["ep"])
+    return _span(order, tuple(sorted(degrees.items())), dims, gpus_per_node, 1, 0)
+
+
+def tiers(order: str, degrees: dict[str, int], gpus_per_node: int) -> dict[str, str]:
+    """Link tier each parallel group uses (groups of size 1 are left out)."""
+    out = {}
+    for dim in ("tp", "cp", "ep", "dp", "pp"):
+        if degrees[dim] > 1:
+            out[dim] = span(order, degrees, (dim,), gpus_per_node).tier
+    return out

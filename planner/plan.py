@@ -1,0 +1,104 @@
+"""Plan documents (schema planner.plan/v1): build from an estimate, serialise byte-stably.
+
+Same inputs give a byte-identical file: keys sorted, floats rounded to 6 significant digits, no
+timestamps. `inputs.sha256` hashes the canonical JSON of the other inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from planner import __version__
+from planner.cost.step import StepEstimate
+from planner.spec.hardware import Cluster
+from planner.spec.model import ModelSpec
+from planner.spec.training import Strategy, TrainingSetup
+from planner.units import GIB, round_sig
+
+SCHEMA = "planner.plan/v1"
+
+
+def rounded(value):
+    """Round every float in a JSON-like value to 6 significant digits."""
+    if isinstance(value, float):
+        return round_sig(value)
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v) for v in value]
+    return value
+
+
+def _gib(n_bytes: float) -> float:
+    return n_bytes / GIB
+
+
+def memory_gib(mem) -> dict:
+    return {"weights": _gib(mem.weights), "grads": _gib(mem.grads), "optimizer": _gib(mem.optimizer),
+            "activations": _gib(mem.activations), "other": _gib(mem.other)}
+
+
+def inputs_block(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, constraints: dict,
+                 solver: dict) -> dict:
+    inputs = {"model": model.to_dict(), "cluster": cluster.to_dict(), "training": setup.to_dict(),
+              "constraints": constraints, "solver": solver}
+    canonical = json.dumps(rounded(inputs), sort_keys=True, separators=(",", ":"))
+    inputs["sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
+    return inputs
+
+
+def strategy_block(s: Strategy, setup: TrainingSetup) -> dict:
+    return s.to_dict(setup.global_batch)
+
+
+def prediction_block(est: StepEstimate) -> dict:
+    return {"step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
+            "model_tflops_per_gpu": est.model_tflops_per_gpu, "mfu": est.mfu,
+            "peak_memory_gib": _gib(est.peak_memory_bytes), "fits": est.fits,
+            "capacity_gib": _gib(est.capacity_bytes),
+            "breakdown_s": dict(est.breakdown_s), "memory_gib": memory_gib(est.memory)}
+
+
+def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy, est: StepEstimate,
+               constraints: dict, solver: dict, alternatives: list | None = None, notes: list | None = None) -> dict:
+    stages = []
+    for st in est.stages:
+        layers = [st.chunks[0][0], st.chunks[-1][1]] if st.chunks else [0, 0]
+        stage = {"index": st.index, "layers": layers, "recompute_layers": st.recompute_layers,
+                 "memory_gib": _gib(st.memory.total), "time_per_microbatch_s": st.time_per_microbatch_s}
+        if s.vpp > 1:
+            stage["chunks"] = [list(c) for c in st.chunks]
+        stages.append(stage)
+    plan = {
+        "schema": SCHEMA,
+        "planner_version": __version__,
+        "inputs": inputs_block(model, cluster, setup, constraints, solver),
+        "strategy": strategy_block(s, setup),
+        "stages": stages,
+        "placement": {"order": s.order, "tiers": dict(est.tiers)},
+        "prediction": prediction_block(est),
+        "alternatives": alternatives or [],
+        "notes": notes or [],
+    }
+    return rounded(plan)
+
+
+def dumps(doc: dict) -> str:
+    return json.dumps(doc, sort_keys=True, indent=2) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename: a failed run leaves the old file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

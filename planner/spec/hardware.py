@@ -1,0 +1,205 @@
+"""Gpu, LinkTier, Efficiency, Cluster: frozen specs read from hardware/ presets or user YAML.
+
+Figures in files carry units in their keys (memory_gib, hbm_GBps, tflops, GBps, latency_us) and
+are converted to SI here. Link figures are per GPU per direction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from planner.errors import SpecError
+from planner.presets import resolve
+from planner.spec.fields import Fields, load_mapping
+from planner.units import GBps_to_Bps, gib_to_bytes, tflops_to_flops, us_to_s
+
+PRECISIONS = ("bf16", "fp16", "fp8")
+FAMILIES = ("ampere", "hopper", "blackwell", "cdna3", "ada", "generic")
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """How close a cluster gets to its peaks; fitted by `planner calibrate` or family defaults.
+
+    GEMM time is FLOPs / (peak * gemm_peak_fraction) * (1 + gemm_intensity_half / I), with I the
+    GEMM's arithmetic intensity m*n*k / (m*k + k*n + m*n) (FLOP per element moved): a smooth
+    roofline whose efficiency halves at I = gemm_intensity_half.
+    """
+
+    gemm_peak_fraction: float
+    gemm_intensity_half: float
+    hbm_fraction: float
+    intra_link_fraction: float
+    inter_link_fraction: float
+    dp_overlap_fraction: float
+    """share of the last micro-batch's backward that can hide the DP gradient reduction"""
+    source: str = ""
+    """'fitted on ...' or 'default (<family>)'"""
+
+    PARAMETERS = ("gemm_peak_fraction", "gemm_intensity_half", "hbm_fraction", "intra_link_fraction",
+                  "inter_link_fraction", "dp_overlap_fraction")
+
+    def __post_init__(self) -> None:
+        for name in self.PARAMETERS:
+            value = getattr(self, name)
+            if name == "gemm_intensity_half":
+                if value < 0:
+                    raise SpecError(f"efficiency.{name}: expected a value >= 0, got {value}")
+            elif not 0 < value <= 1:
+                raise SpecError(f"efficiency.{name}: expected a value in (0, 1], got {value}")
+
+    def values(self) -> tuple[float, ...]:
+        return tuple(getattr(self, n) for n in self.PARAMETERS)
+
+    def with_values(self, values, source: str) -> "Efficiency":
+        return replace(self, **dict(zip(self.PARAMETERS, (float(v) for v in values))), source=source)
+
+
+# Unfitted defaults per architecture family (documented in README "Efficiency defaults"): typical
+# large-GEMM fractions of dense peak reported for cuBLAS/rocBLAS on each generation, HBM at ~85 %
+# of its datasheet figure (STREAM-like copy), links at ~80 % of their datasheet rate (nccl-tests
+# bus bandwidth), and half of a micro-batch's backward available to hide the DP reduction.
+FAMILY_DEFAULTS: dict[str, Efficiency] = {
+    family: Efficiency(gemm, half, 0.85, 0.80, 0.80, 0.5, source=f"default ({family})")
+    for family, gemm, half in (
+        ("ampere", 0.78, 60.0), ("hopper", 0.70, 120.0), ("blackwell", 0.65, 150.0),
+        ("cdna3", 0.55, 150.0), ("ada", 0.70, 60.0), ("generic", 0.60, 100.0))
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    name: str
+    memory_bytes: float
+    hbm_Bps: float
+    peak_flops: tuple[tuple[str, float], ...]
+    """dense peaks per precision, (precision, FLOP/s)"""
+    family: str = "generic"
+    source: str = ""
+
+    def flops(self, precision: str) -> float:
+        table = dict(self.peak_flops)
+        if precision in table:
+            return table[precision]
+        if precision == "fp16" and "bf16" in table:
+            return table["bf16"]
+        raise SpecError(f"GPU {self.name} lists no {precision} peak (it lists {', '.join(table)})")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "memory_gib": self.memory_bytes / 1024**3, "hbm_GBps": self.hbm_Bps / 1e9,
+                "tflops": {p: v / 1e12 for p, v in self.peak_flops}, "family": self.family, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> "Gpu":
+        f = Fields(data, where)
+        tf = f.sub("tflops")
+        if tf is None:
+            raise f.error("tflops", "missing (required): dense peaks per precision, e.g. {bf16: 989}")
+        peaks = tuple((p, tflops_to_flops(tf.float(p))) for p in PRECISIONS if tf.has(p))
+        if not peaks:
+            raise f.error("tflops", f"expected at least one of {', '.join(PRECISIONS)}")
+        tf.reject_unknown(PRECISIONS)
+        name = f.str("name", "gpu")
+        gpu = cls(name=name, memory_bytes=gib_to_bytes(f.float("memory_gib")),
+                  hbm_Bps=GBps_to_Bps(f.float("hbm_GBps")), peak_flops=peaks,
+                  family=f.choice("family", FAMILIES, guess_family(name, dict(peaks))),
+                  source=f.str("source", ""))
+        f.reject_unknown()
+        return gpu
+
+
+def guess_family(name: str, peaks: dict[str, float]) -> str:
+    """Architecture family from the GPU name, else 'generic'."""
+    lowered = name.lower()
+    for family, marks in (("ampere", ("a100", "a800", "a40", "a30", "a10")), ("hopper", ("h100", "h200", "h800", "gh200")),
+                          ("blackwell", ("b200", "b100", "gb200", "b300")), ("cdna3", ("mi300", "mi325")),
+                          ("ada", ("l40", "4090", "l4", "6000 ada"))):
+        if any(m in lowered for m in marks):
+            return family
+    return "generic"
+
+
+@dataclass(frozen=True, slots=True)
+class LinkTier:
+    """One tier of the network, per GPU per direction."""
+
+    Bps: float
+    latency_s: float
+    mesh: bool = False
+    """a fully connected mesh (one link per peer, e.g. MI300X): a group of n of the node's g GPUs
+    reaches (n-1)/(g-1) of the GPU's total bandwidth"""
+
+    def to_dict(self) -> dict:
+        return {"GBps": self.Bps / 1e9, "latency_us": self.latency_s * 1e6, "mesh": self.mesh}
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> "LinkTier":
+        tier = cls(Bps=GBps_to_Bps(f.float("GBps")), latency_s=us_to_s(f.float("latency_us", 5.0, positive=False)),
+                   mesh=f.bool("mesh", False))
+        f.raw("source", "")
+        f.reject_unknown()
+        return tier
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    name: str
+    gpu: Gpu
+    gpus_per_node: int
+    intra_node: LinkTier
+    inter_node: LinkTier
+    efficiency: Efficiency
+    source: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "gpu": self.gpu.to_dict(), "gpus_per_node": self.gpus_per_node,
+                "intra_node": self.intra_node.to_dict(), "inter_node": self.inter_node.to_dict(),
+                "efficiency": asdict(self.efficiency), "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> "Cluster":
+        f = Fields(data, where)
+        gpu_ref = f.raw("gpu")
+        if isinstance(gpu_ref, str):
+            gpu = load_gpu(gpu_ref)
+        elif isinstance(gpu_ref, dict):
+            gpu = Gpu.from_dict(gpu_ref, f"{where}: gpu")
+        else:
+            raise f.error("gpu", f"expected a GPU preset name or a mapping, got {gpu_ref!r}")
+        intra, inter = f.sub("intra_node"), f.sub("inter_node")
+        if intra is None or inter is None:
+            raise f.error("intra_node" if intra is None else "inter_node", "missing (required): {GBps: ..., latency_us: ...}")
+        eff = f.sub("efficiency")
+        cluster = cls(name=f.str("name", "cluster"), gpu=gpu, gpus_per_node=f.int("gpus_per_node"),
+                      intra_node=LinkTier.from_fields(intra), inter_node=LinkTier.from_fields(inter),
+                      efficiency=_efficiency(eff, gpu), source=f.str("source", ""))
+        f.reject_unknown()
+        return cluster
+
+
+def _efficiency(f: Fields | None, gpu: Gpu) -> Efficiency:
+    default = FAMILY_DEFAULTS[gpu.family]
+    if f is None:
+        return default
+    values = {n: f.float(n, getattr(default, n), positive=n != "gemm_intensity_half") for n in Efficiency.PARAMETERS}
+    fitted_on = f.raw("fitted_on", None)
+    source = f.str("source", "")
+    if not source:
+        source = f"fitted on {', '.join(fitted_on)}" if isinstance(fitted_on, list) else "given"
+    f.reject_unknown()
+    return Efficiency(**values, source=source)
+
+
+def load_gpu(ref: str) -> Gpu:
+    path = resolve(ref, "hardware/gpus", "GPU")
+    data = load_mapping(path)
+    data.setdefault("name", path.stem)
+    return Gpu.from_dict(data, str(path))
+
+
+def load_cluster(ref: str) -> Cluster:
+    """A preset name under hardware/clusters/ or a path to a cluster YAML."""
+    path = resolve(ref, "hardware/clusters", "cluster")
+    data = load_mapping(path)
+    data.setdefault("name", path.stem)
+    return Cluster.from_dict(data, str(path))

@@ -1,0 +1,153 @@
+"""TrainingSetup (what is trained) and Strategy (how it is parallelised): frozen, validated."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from planner.errors import SpecError
+
+Precision = Literal["bf16", "fp16", "fp8"]
+Attention = Literal["flash", "eager"]
+Recompute = Literal["none", "selective", "full"]
+Schedule = Literal["1f1b", "interleaved-1f1b"]
+RECOMPUTES = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "interleaved-1f1b")
+RUNTIMES = ("any", "megatron", "deepspeed", "torchtitan")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSetup:
+    gpus: int
+    global_batch: int
+    """sequences per optimizer step"""
+    seq_len: int
+    precision: Precision = "bf16"
+    attention: Attention = "flash"
+    runtime: str = "any"
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "global_batch", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """One parallel strategy. GPUs = dp * tp * pp * cp (Megatron-Core); ep divides dp * cp."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    """virtual pipeline stages per pipeline rank (interleaving)"""
+    micro_batch: int = 1
+    zero: int = 1
+    recompute: Recompute = "none"
+    recompute_layers: int | None = None
+    """with recompute 'full': layers per stage recomputed (None = all of them)"""
+    sequence_parallel: bool = False
+    dp_overlap: bool = True
+    schedule: Schedule = "1f1b"
+    order: str = "tp-cp-ep-dp-pp"
+
+    def num_microbatches(self, global_batch: int) -> int:
+        return global_batch // (self.dp * self.micro_batch)
+
+    def to_dict(self, global_batch: int) -> dict:
+        d = asdict(self)
+        d["num_microbatches"] = self.num_microbatches(global_batch)
+        if d["recompute_layers"] is None:
+            del d["recompute_layers"]
+        del d["order"]
+        return d
+
+
+def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
+    """Every rule the strategy breaks, each naming its factors (empty when legal)."""
+    problems = []
+    gpus = s.dp * s.tp * s.pp * s.cp
+    if gpus != setup.gpus:
+        problems.append(f"dp*tp*pp*cp = {s.dp}*{s.tp}*{s.pp}*{s.cp} = {gpus} is not the GPU count {setup.gpus}")
+    for name in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch"):
+        if getattr(s, name) < 1:
+            problems.append(f"{name} ({getattr(s, name)}) must be >= 1")
+    if problems:
+        return problems
+    if (s.dp * s.cp) % s.ep:
+        problems.append(f"ep ({s.ep}) must divide dp*cp ({s.dp * s.cp})")
+    if setup.global_batch % (s.dp * s.micro_batch):
+        problems.append(f"global batch ({setup.global_batch}) must be divisible by dp*micro_batch ({s.dp}*{s.micro_batch})")
+    if s.zero not in (0, 1, 2, 3):
+        problems.append(f"zero ({s.zero}) must be 0, 1, 2 or 3")
+    if s.recompute not in RECOMPUTES:
+        problems.append(f"recompute ({s.recompute}) must be one of {', '.join(RECOMPUTES)}")
+    if s.recompute_layers is not None and s.recompute != "full":
+        problems.append("recompute_layers applies only to recompute 'full'")
+    if s.sequence_parallel and s.tp == 1:
+        problems.append("sequence_parallel needs tp > 1 (tp is 1)")
+    if s.schedule not in SCHEDULES:
+        problems.append(f"schedule ({s.schedule}) must be one of {', '.join(SCHEDULES)}")
+    if s.vpp > 1 and s.schedule != "interleaved-1f1b":
+        problems.append(f"vpp ({s.vpp}) > 1 needs the interleaved-1f1b schedule")
+    if s.vpp > 1 and s.pp == 1:
+        problems.append(f"vpp ({s.vpp}) > 1 needs pp > 1")
+    if s.schedule == "interleaved-1f1b" and s.pp > 1 and setup.global_batch // max(1, s.dp * s.micro_batch) % s.pp:
+        problems.append(f"interleaved-1f1b needs num_microbatches ({setup.global_batch // max(1, s.dp * s.micro_batch)}) "
+                        f"to be a multiple of pp ({s.pp})")
+    if model.is_graph:
+        if s.tp > 1 or s.cp > 1 or s.ep > 1:
+            problems.append(f"an explicit-graph model ({model.name}) supports dp and pp only (tp={s.tp}, cp={s.cp}, ep={s.ep})")
+    else:
+        if model.heads % s.tp:
+            problems.append(f"tp ({s.tp}) must divide heads ({model.heads})")
+        elif model.kv_heads % s.tp and s.tp % model.kv_heads:
+            problems.append(f"tp ({s.tp}) and kv_heads ({model.kv_heads}) must divide one another")
+        if setup.seq_len % s.cp:
+            problems.append(f"cp ({s.cp}) must divide seq_len ({setup.seq_len})")
+        if s.ep > 1 and model.moe is None:
+            problems.append(f"ep ({s.ep}) > 1 needs a mixture-of-experts model ({model.name} has no experts)")
+        if model.moe is not None and model.moe.experts % s.ep:
+            problems.append(f"ep ({s.ep}) must divide experts ({model.moe.experts})")
+    if s.pp * s.vpp > model.layers:
+        problems.append(f"pp*vpp ({s.pp}*{s.vpp}) exceeds the model's layers ({model.layers})")
+    if s.recompute_layers is not None and s.recompute_layers * s.pp > model.layers + s.pp:
+        problems.append(f"recompute_layers ({s.recompute_layers}) exceeds the layers of a stage")
+    return problems
+
+
+def check_strategy(s: Strategy, model, setup: TrainingSetup) -> None:
+    problems = strategy_problems(s, model, setup)
+    if problems:
+        raise SpecError("illegal strategy: " + "; ".join(problems))
+
+
+STRATEGY_KNOBS = ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "zero", "recompute", "recompute_layers",
+                  "sequence_parallel", "dp_overlap", "schedule", "order")
+
+
+def resolve_strategy(fixed: dict, setup: TrainingSetup) -> Strategy:
+    """A full strategy from the knobs given; the rest take the documented defaults:
+    tp = pp = cp = ep = vpp = micro_batch = 1, dp = gpus / (tp*pp*cp), zero 1 (distributed
+    optimizer), recompute none, sequence_parallel = (tp > 1), dp_overlap on, schedule
+    interleaved-1f1b when vpp > 1 else 1f1b, order tp-cp-ep-dp-pp."""
+    knobs = {k: v for k, v in fixed.items() if v is not None}
+    unknown = set(knobs) - set(STRATEGY_KNOBS)
+    if unknown:
+        raise SpecError(f"unknown strategy knob(s): {', '.join(sorted(unknown))}")
+    tp, pp, cp = knobs.get("tp", 1), knobs.get("pp", 1), knobs.get("cp", 1)
+    if "dp" not in knobs:
+        inner = tp * pp * cp
+        if inner <= 0 or setup.gpus % inner:
+            raise SpecError(f"illegal strategy: tp*pp*cp = {tp}*{pp}*{cp} = {inner} does not divide the GPU count {setup.gpus}")
+        knobs["dp"] = setup.gpus // inner
+    vpp = knobs.get("vpp", 1)
+    knobs.setdefault("sequence_parallel", tp > 1)
+    knobs.setdefault("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")
+    return Strategy(**knobs)
