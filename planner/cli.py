@@ -97,6 +97,66 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
             report.err.print(f"plan written to {output}")
 
 
+@cli.command()
+@click.option("--runs", "runs_file", type=click.Path(dir_okay=False), help="runs YAML (default: the bundled calibration set)")
+@click.option("--no-loso", is_flag=True, help="skip the leave-one-source-out refits")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document on stdout")
+def validate(runs_file, no_loso, as_json):
+    """Predicted vs published step times: per-run error, MAPE, leave-one-source-out."""
+    import json
+
+    from planner import report
+    from planner.plan import rounded
+    from planner.runs import load_runs
+    from planner.validate import summary, validate as run_validation
+
+    runs = load_runs(runs_file)
+    with report.progress("validating") as step:
+        result = run_validation(runs, loso=not no_loso, progress=step)
+    doc = rounded(summary(result))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        report.validation_table(doc)
+
+
+@cli.command()
+@click.option("--runs", "runs_file", type=click.Path(dir_okay=False), help="runs YAML (default: the bundled calibration set)")
+@click.option("--cluster", "cluster_name", help="fit the runs of this cluster (needed when the file has several)")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="cluster YAML to write")
+def calibrate(runs_file, cluster_name, output):
+    """Fit a cluster's efficiency parameters to measured runs and write the cluster preset."""
+    from pathlib import Path
+
+    from planner import report
+    from planner.calibrate import efficiency_yaml, fit, with_efficiency
+    from planner.errors import SpecError
+    from planner.plan import write_atomic
+    from planner.presets import resolve
+    from planner.runs import BUNDLED, load_runs
+
+    runs = load_runs(runs_file)
+    names = sorted({r.cluster.name for r in runs})
+    if cluster_name is None and len(names) > 1:
+        raise SpecError(f"runs cover several clusters ({', '.join(names)}); choose one with --cluster")
+    cluster_name = cluster_name or names[0]
+    chosen = [r for r in runs if r.cluster.name == cluster_name]
+    if not chosen:
+        raise SpecError(f"no run uses cluster {cluster_name!r} (runs use: {', '.join(names)})")
+    with report.progress("fitting") as step:
+        step(0, 1, f"fitting {cluster_name} on {len(chosen)} runs")
+        result = fit(chosen)
+    try:
+        base = resolve(cluster_name, "hardware/clusters", "cluster").read_text()
+    except SpecError:
+        import yaml
+        base = yaml.safe_dump({k: v for k, v in chosen[0].cluster.to_dict().items() if k != "efficiency"}, sort_keys=False)
+    label = Path(runs_file).name if runs_file else BUNDLED.name
+    write_atomic(Path(output), with_efficiency(base, efficiency_yaml(result, label)))
+    report.fit_table(result)
+    report.err.print(f"cluster preset written to {output}")
+
+
 @cli.command("models")
 def list_models() -> None:
     """List model presets."""

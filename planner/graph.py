@@ -313,6 +313,7 @@ class EndWork:
     gemm_flops: float
     gemm_intensity: float
     elementwise_bytes: float
+    """HBM traffic of memory-bound ops, forward and backward together"""
     saved_bytes: float
     params_local: float
     params_total: float
@@ -328,7 +329,7 @@ def embedding_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
     tokens = ctx.micro_batch * ctx.seq_len / ctx.cp
     rows = spec.vocab + (spec.max_position if spec.position_embedding == "learned" else 0)
     rep = tokens * spec.hidden / (ctx.tp if ctx.sp else 1)
-    return EndWork(gemm_flops=0.0, gemm_intensity=1.0, elementwise_bytes=3 * ACT_BYTES * rep,
+    return EndWork(gemm_flops=0.0, gemm_intensity=1.0, elementwise_bytes=3 * 3 * ACT_BYTES * rep,
                    saved_bytes=MASK_BYTES * rep if ctx.dropout > 0 else 0.0,
                    params_local=spec.vocab * spec.hidden / ctx.tp + (rows - spec.vocab) * spec.hidden,
                    params_total=rows * spec.hidden, model_flops=0.0,
@@ -338,8 +339,10 @@ def embedding_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
 LOGIT_SAVED_BYTES = 4 + 2
 """per logit element: Megatron's vocab-parallel cross entropy keeps fp32 softmax for backward,
 while the bf16 logits are still alive when it runs"""
-LOGIT_RW_BYTES = 2 + 4 + 4 + 4
-"""per logit element, forward: read bf16 logits, write/read fp32 copy, write fp32 softmax"""
+LOGIT_RW_BYTES = 38 + 22
+"""HBM traffic per logit element, forward and backward, of Megatron's (unfused) vocab-parallel
+cross entropy in fp32: cast (2+4), max (4), subtract (4+4), exp (4+4), sum (4), normalise (4+4);
+backward: softmax - one-hot (4+4), scale by the loss gradient (4+4), cast back (4+2)"""
 
 
 def head_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
@@ -353,7 +356,7 @@ def head_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
     norm = 2 * h if spec.norm == "layernorm" else h
     own_head = 0 if spec.tied_embeddings else v * h
     return EndWork(gemm_flops=2 * tokens * h * v / ctx.tp, gemm_intensity=intensity(tokens, v / ctx.tp, h),
-                   elementwise_bytes=4 * ACT_BYTES * rep + LOGIT_RW_BYTES * logits,
+                   elementwise_bytes=3 * 4 * ACT_BYTES * rep + LOGIT_RW_BYTES * logits,
                    saved_bytes=2 * ACT_BYTES * rep + LOGIT_SAVED_BYTES * logits,
                    # a tied head still needs its copy of the embedding on the last stage (pp > 1)
                    params_local=norm + v * h / ctx.tp, params_total=norm + own_head,

@@ -5,7 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-err = Console(stderr=True, highlight=False)
+import sys
+
+# A wide console when stderr is not a terminal (CI logs, pipes), so tables are not squeezed.
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 
 
 def _fmt_s(x: float) -> str:
@@ -53,3 +56,60 @@ def estimate_table(plan: dict) -> None:
 
 def error_line(message: str) -> None:
     err.print(f"[red]error:[/red] {message}", soft_wrap=True)
+
+
+class progress:
+    """A transient progress line on stderr for long work: `with progress('x') as step: step(i, n, what)`."""
+
+    def __init__(self, label: str):
+        from rich.progress import Progress
+        self._progress = Progress(transient=True, console=err)
+        self._label = label
+        self._task = None
+
+    def __enter__(self):
+        self._progress.__enter__()
+        self._task = self._progress.add_task(self._label, total=None)
+
+        def step(done: int, total: int, what: str) -> None:
+            self._progress.update(self._task, completed=done, total=total, description=what)
+        return step
+
+    def __exit__(self, *exc):
+        return self._progress.__exit__(*exc)
+
+
+def validation_table(doc: dict) -> None:
+    t = Table(title="predicted vs published step time", title_justify="left")
+    for col, just in (("run", "left"), ("GPUs", "right"), ("published", "right"), ("predicted", "right"),
+                      ("error", "right"), ("unknown knobs priced at", "left"), ("memory", "right")):
+        t.add_column(col, justify=just)
+    for r in doc["runs"]:
+        chosen = ", ".join(f"{k}={v}" for k, v in r["chosen"].items())
+        mem = f"{r['peak_memory_gib']:.1f} GiB" + ("" if r["fits"] else " [red]no fit[/red]")
+        if "memory_error" in r:
+            mem += f" ({r['memory_error'] * 100:+.1f}%)"
+        t.add_row(r["id"], str(r["gpus"]), _fmt_s(r["derived_step_time_s"]), _fmt_s(r["predicted_step_time_s"]),
+                  f"{r['error'] * 100:+.1f} %", chosen, mem)
+    err.print(t)
+    s = Table(title="by source", title_justify="left")
+    for col in ("source", "runs", "MAPE", "max |error|", "LOSO MAPE"):
+        s.add_column(col, justify="left" if col == "source" else "right")
+    loso = doc["loso"]["sources"]
+    for name, v in doc["sources"].items():
+        lo = f"{loso[name]['mape'] * 100:.2f} %" if name in loso else "-"
+        s.add_row(name, str(v["runs"]), f"{v['mape'] * 100:.2f} %", f"{v['max_abs_error'] * 100:.1f} %", lo)
+    err.print(s)
+    err.print(f"[bold]all runs: MAPE {doc['mape'] * 100:.2f} %, max |error| {doc['max_abs_error'] * 100:.1f} %; "
+              f"leave-one-source-out MAPE {doc['loso']['mape'] * 100:.2f} % "
+              f"(max {doc['loso']['max_abs_error'] * 100:.1f} %)[/bold]")
+
+
+def fit_table(result) -> None:
+    t = Table(title=f"fitted efficiencies ({len(result.run_ids)} runs, rms log error {result.rms_log_error:.4f})",
+              title_justify="left")
+    t.add_column("parameter")
+    t.add_column("value", justify="right")
+    for name in result.efficiency.PARAMETERS:
+        t.add_row(name, f"{getattr(result.efficiency, name):.4f}")
+    err.print(t)

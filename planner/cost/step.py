@@ -122,6 +122,7 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
         fwd = gemm + attn + mem + core_mem
         bwd = 2 * gemm + (FLASH_BWD_FACTOR if base.flash else 2.0) * attn + 2 * (mem + core_mem)
         tp_one = w.tp_collectives * coll("all_reduce", w.tp_message_bytes, "tp")
+        tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm)
         cp_step = (s.cp - 1) * comm.p2p_time_s(w.cp_message_bytes, spans["cp"].nodes > 1, cluster)
         cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - FLASH_BWD_FACTOR * attn)
         ep_one = w.ep_collectives * coll("all_to_all", w.ep_message_bytes, "ep")
@@ -137,7 +138,9 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     emb, head = embedding_work(model, base), head_work(model, base)
     p2p = 0.0
     if s.pp > 1 and not model.is_graph:
-        msg = setup.seq_len / s.cp * s.micro_batch * model.hidden * 2 / (s.tp if s.sequence_parallel else 1)
+        # Megatron's scatter/gather optimisation (Narayanan et al. 2021 §4.1): each tp rank sends
+        # 1/tp of the boundary activation and the receivers all-gather it over NVLink.
+        msg = setup.seq_len / s.cp * s.micro_batch * model.hidden * 2 / s.tp
         p2p = 2 * s.vpp * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
     elif s.pp > 1:
         msg = max(l.explicit[3] for l in layers) * s.micro_batch
@@ -156,13 +159,13 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
         expert = sum(c.expert_params for c in costs)
         saved = sum(c.saved for c in costs)
         if i == 0:
-            comp += 3 * t_mem(emb.elementwise_bytes)
+            comp += t_mem(emb.elementwise_bytes)
             tp_t += coll("all_reduce", emb.tp_message_bytes, "tp")
             dense += emb.params_local
             saved += emb.saved_bytes
         last_saved = 0.0
         if i == s.pp - 1:
-            comp += 3 * t_gemm(head.gemm_flops, head.gemm_intensity) + 3 * t_mem(head.elementwise_bytes)
+            comp += 3 * t_gemm(head.gemm_flops, head.gemm_intensity) + t_mem(head.elementwise_bytes)
             tp_t += 2 * coll("all_reduce", head.tp_message_bytes or emb.tp_message_bytes, "tp")
             dense += head.params_local if (s.pp > 1 or not model.tied_embeddings) else head.params_local - model.vocab * model.hidden / s.tp
             last_saved = head.saved_bytes

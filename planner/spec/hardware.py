@@ -33,11 +33,13 @@ class Efficiency:
     inter_link_fraction: float
     dp_overlap_fraction: float
     """share of the last micro-batch's backward that can hide the DP gradient reduction"""
+    tp_overlap_fraction: float
+    """share of the tensor-parallel collectives hidden behind GEMMs (comm-GEMM overlap)"""
     source: str = ""
     """'fitted on ...' or 'default (<family>)'"""
 
     PARAMETERS = ("gemm_peak_fraction", "gemm_intensity_half", "hbm_fraction", "intra_link_fraction",
-                  "inter_link_fraction", "dp_overlap_fraction")
+                  "inter_link_fraction", "dp_overlap_fraction", "tp_overlap_fraction")
 
     def __post_init__(self) -> None:
         for name in self.PARAMETERS:
@@ -45,7 +47,7 @@ class Efficiency:
             if name == "gemm_intensity_half":
                 if value < 0:
                     raise SpecError(f"efficiency.{name}: expected a value >= 0, got {value}")
-            elif not 0 < value <= 1:
+            elif not 0 <= value <= 1 or value == 0 and not name.endswith("overlap_fraction"):
                 raise SpecError(f"efficiency.{name}: expected a value in (0, 1], got {value}")
 
     def values(self) -> tuple[float, ...]:
@@ -58,9 +60,10 @@ class Efficiency:
 # Unfitted defaults per architecture family (documented in README "Efficiency defaults"): typical
 # large-GEMM fractions of dense peak reported for cuBLAS/rocBLAS on each generation, HBM at ~85 %
 # of its datasheet figure (STREAM-like copy), links at ~80 % of their datasheet rate (nccl-tests
-# bus bandwidth), and half of a micro-batch's backward available to hide the DP reduction.
+# bus bandwidth), half of a micro-batch's backward available to hide the DP reduction, and no
+# comm-GEMM overlap of tensor-parallel collectives.
 FAMILY_DEFAULTS: dict[str, Efficiency] = {
-    family: Efficiency(gemm, half, 0.85, 0.80, 0.80, 0.5, source=f"default ({family})")
+    family: Efficiency(gemm, half, 0.85, 0.80, 0.80, 0.5, 0.0, source=f"default ({family})")
     for family, gemm, half in (
         ("ampere", 0.78, 60.0), ("hopper", 0.70, 120.0), ("blackwell", 0.65, 150.0),
         ("cdna3", 0.55, 150.0), ("ada", 0.70, 60.0), ("generic", 0.60, 100.0))
@@ -181,7 +184,8 @@ def _efficiency(f: Fields | None, gpu: Gpu) -> Efficiency:
     default = FAMILY_DEFAULTS[gpu.family]
     if f is None:
         return default
-    values = {n: f.float(n, getattr(default, n), positive=n != "gemm_intensity_half") for n in Efficiency.PARAMETERS}
+    values = {n: f.float(n, getattr(default, n), positive=not (n == "gemm_intensity_half" or n.endswith("overlap_fraction")))
+              for n in Efficiency.PARAMETERS}
     fitted_on = f.raw("fitted_on", None)
     source = f.str("source", "")
     if not source:

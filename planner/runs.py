@@ -1,0 +1,149 @@
+"""Published training runs (calibration_runs.yaml): read them strictly and price each one.
+
+A run states a model, a cluster, a training setup, the strategy its source gives, the knobs the
+source leaves open (`unknown`), and a step time derived from what was measured. Pricing a run
+takes the fastest value of the unknown knobs that fits in memory (a small enumeration); a knob
+absent from the row and not listed as unknown takes the planner's default.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from planner.cost.step import StepEstimate, estimate
+from planner.errors import PlannerError, SpecError
+from planner.spec.fields import Fields, load_mapping
+from planner.spec.hardware import Cluster, Efficiency, load_cluster
+from planner.spec.model import ModelSpec
+from planner.spec.training import STRATEGY_KNOBS, Strategy, TrainingSetup, resolve_strategy
+
+BUNDLED = Path(__file__).resolve().parent / "data" / "calibration_runs.yaml"
+RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
+            "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
+            "analytic_reference", "confidence")
+UNKNOWN_KNOBS = ("micro_batch", "recompute", "vpp", "zero", "sequence_parallel")
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    id: str
+    source: str
+    model: ModelSpec
+    cluster: Cluster
+    setup: TrainingSetup
+    strategy: dict
+    """knobs the source states"""
+    unknown: tuple[str, ...]
+    step_time_s: float
+    measured: dict
+    analytic_reference: dict | None
+
+
+def load_runs(path: Path | None = None) -> list[Run]:
+    path = Path(path) if path else BUNDLED
+    try:
+        import yaml
+        items = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such runs file") from None
+    except Exception as e:  # yaml errors: one line
+        raise SpecError(f"{path}: malformed YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(items, list) or not items:
+        raise SpecError(f"{path}: expected a non-empty list of runs")
+    runs, clusters = [], {}
+    for i, item in enumerate(items):
+        f = Fields(item, str(path), f"[{i}].")
+        run_id = f.str("id")
+        f.prefix = f"{run_id}."
+        model_data = dict(f.raw("model"))
+        model_data.setdefault("name", run_id)
+        model = ModelSpec.from_dict(model_data, f"{path}: {run_id}.model")
+        ref = f.raw("cluster")
+        if isinstance(ref, str):
+            cluster = clusters.setdefault(ref, load_cluster(ref))
+        else:
+            cluster = Cluster.from_dict(ref, f"{path}: {run_id}.cluster")
+        setup = TrainingSetup(gpus=f.int("gpus"), global_batch=f.int("global_batch"),
+                              seq_len=f.int("seq_len", model.seq_len),
+                              precision=f.choice("precision", ("bf16", "fp16", "fp8"), "bf16"),
+                              attention=f.choice("attention", ("flash", "eager"), "flash"))
+        strategy = dict(f.raw("strategy", {}))
+        for knob in strategy:
+            if knob not in STRATEGY_KNOBS:
+                raise f.error(f"strategy.{knob}", "unknown strategy knob")
+        unknown = tuple(f.raw("unknown", []))
+        for knob in unknown:
+            if knob not in UNKNOWN_KNOBS:
+                raise f.error("unknown", f"cannot enumerate {knob!r} (supported: {', '.join(UNKNOWN_KNOBS)})")
+        for key in ("source", "notes", "note", "derivation", "confidence"):
+            f.raw(key, "")
+        runs.append(Run(id=run_id, source=f.str("source"), model=model, cluster=cluster, setup=setup,
+                        strategy=strategy, unknown=unknown, step_time_s=f.float("step_time_s"),
+                        measured=dict(f.raw("measured", {})), analytic_reference=f.raw("analytic_reference", None)))
+        f.reject_unknown(RUN_KEYS)
+    return runs
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(run: Run) -> list[Strategy]:
+    """Every legal strategy that fills the run's unknown knobs (the stated ones kept)."""
+    st, setup = run.strategy, run.setup
+    dp = st.get("dp") or setup.gpus // (st.get("tp", 1) * st.get("pp", 1) * st.get("cp", 1))
+    pp = st.get("pp", 1)
+    domains = {
+        "micro_batch": _divisors(setup.global_batch // dp) if setup.global_batch % dp == 0 else [1],
+        "recompute": ["none", "selective", "full"],
+        "vpp": [1] + [v for v in _divisors(run.model.layers // pp) if v > 1] if pp > 1 and run.model.layers % pp == 0 else [1],
+        "zero": [0, 1, 2, 3],
+        "sequence_parallel": [False, True] if st.get("tp", 1) > 1 else [False],
+    }
+    out = []
+    for values in itertools.product(*(domains[k] for k in run.unknown)):
+        knobs = dict(st, **dict(zip(run.unknown, values)))
+        if "vpp" in run.unknown:
+            knobs["schedule"] = "interleaved-1f1b" if knobs["vpp"] > 1 else "1f1b"
+        try:
+            out.append(resolve_strategy(knobs, setup))
+        except PlannerError:
+            continue
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Priced:
+    run: Run
+    strategy: Strategy
+    estimate: StepEstimate
+
+    @property
+    def error(self) -> float:
+        """Relative error of the predicted step time against the run's derived step time."""
+        return self.estimate.step_time_s / self.run.step_time_s - 1.0
+
+    @property
+    def chosen(self) -> dict:
+        """Values the enumeration picked for the unknown knobs."""
+        return {k: getattr(self.strategy, k) for k in self.run.unknown}
+
+
+def price_run(run: Run, efficiency: Efficiency | None = None, strategy: Strategy | None = None) -> Priced:
+    """Price a run: its own strategy if fully stated, else the fastest fitting unknown-knob fill."""
+    cluster = replace(run.cluster, efficiency=efficiency) if efficiency is not None else run.cluster
+    options = [strategy] if strategy is not None else candidates(run)
+    best = None
+    for s in options:
+        try:
+            est = estimate(run.model, cluster, run.setup, s)
+        except PlannerError:
+            continue
+        key = (not est.fits, est.step_time_s)
+        if best is None or key < best[0]:
+            best = (key, s, est)
+    if best is None:
+        raise SpecError(f"run {run.id}: no legal strategy for its stated knobs {run.strategy}")
+    return Priced(run=run, strategy=best[1], estimate=best[2])

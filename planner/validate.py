@@ -1,0 +1,80 @@
+"""Predicted vs published runs: per-run errors, per-source MAPE, leave-one-source-out errors.
+
+Leave-one-source-out (LOSO): for every source that shares its GPU with another source, the
+cluster's efficiencies are refitted on the other sources' runs only and the held-out source is
+priced with that fit: an estimate of the error on runs the fit never saw.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.calibrate import fit
+from planner.runs import Priced, Run, price_run
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    priced: tuple[Priced, ...]
+    loso: tuple[tuple[str, Priced], ...]
+    """(held-out source, run priced with the fit that excluded it)"""
+
+
+def _mape(errors) -> float:
+    return float(np.mean(np.abs(errors))) if len(errors) else 0.0
+
+
+def validate(runs: list[Run], loso: bool = True, progress=None) -> Validation:
+    priced = tuple(price_run(r) for r in runs)
+    held = []
+    if loso:
+        by_gpu: dict[str, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
+        for r in runs:
+            by_gpu[r.cluster.gpu.name][r.source].append(r)
+        jobs = [(gpu, source) for gpu, sources in by_gpu.items() if len(sources) > 1 for source in sources]
+        for k, (gpu, source) in enumerate(jobs):
+            if progress:
+                progress(k, len(jobs), f"refitting {gpu} without {source}")
+            train = [r for s, rs in by_gpu[gpu].items() if s != source for r in rs]
+            result = fit(train, start=train[0].cluster.efficiency)
+            held.extend((source, price_run(r, result.efficiency)) for r in by_gpu[gpu][source])
+    return Validation(priced=priced, loso=tuple(held))
+
+
+def summary(v: Validation) -> dict:
+    """The machine-readable document of `planner validate --json` (schema planner.validate/v1)."""
+    errors = [p.error for p in v.priced]
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for p in v.priced:
+        by_source[p.run.source].append(p.error)
+    rows = []
+    for p in v.priced:
+        est = p.estimate
+        row = {"id": p.run.id, "source": p.run.source, "gpus": p.run.setup.gpus,
+               "derived_step_time_s": p.run.step_time_s, "predicted_step_time_s": est.step_time_s,
+               "error": p.error, "chosen": p.chosen, "fits": est.fits,
+               "peak_memory_gib": est.peak_memory_bytes / 2**30, "mfu": est.mfu,
+               "efficiency_source": p.run.cluster.efficiency.source.split(":")[0]}
+        measured_mem = p.run.measured.get("memory_gib")
+        if measured_mem:
+            row["measured_memory_gib"] = measured_mem
+            row["memory_error"] = est.peak_memory_bytes / 2**30 / measured_mem - 1.0
+        rows.append(row)
+    loso_errors = [p.error for _, p in v.loso]
+    loso_by_source: dict[str, list[float]] = defaultdict(list)
+    for source, p in v.loso:
+        loso_by_source[source].append(p.error)
+    return {
+        "schema": "planner.validate/v1",
+        "mape": _mape(errors),
+        "max_abs_error": float(np.max(np.abs(errors))) if errors else 0.0,
+        "runs": rows,
+        "sources": {s: {"runs": len(e), "mape": _mape(e), "max_abs_error": float(np.max(np.abs(e)))}
+                    for s, e in by_source.items()},
+        "loso": {"mape": _mape(loso_errors), "max_abs_error": float(np.max(np.abs(loso_errors))) if loso_errors else 0.0,
+                 "sources": {s: {"runs": len(e), "mape": _mape(e)} for s, e in loso_by_source.items()},
+                 "runs": [{"id": p.run.id, "held_out_source": s, "error": p.error} for s, p in v.loso]},
+    }
