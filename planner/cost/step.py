@@ -11,18 +11,23 @@ where backward cannot hide it, then the optimizer step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from planner.cost import comm, compute, memory, pipeline
-from planner.graph import Ctx, build_layers, embedding_work, head_work, layer_work
-from planner.placement import span, tiers
+from planner.graph import Ctx, Layer, build_layers, embedding_work, head_work, layer_work
+from planner.placement import Span, span, tiers
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, check_strategy
 
 FLASH_BWD_FACTOR = 2.5
 """FlashAttention-2 backward: 5 matmuls of the forward's 2 (Dao 2023, §3.1)"""
+ELEMENTWISE_BWD_FACTOR = 1.0
+"""backward HBM traffic of memory-bound ops relative to forward: each reads the incoming gradient
+and what it saved and writes one gradient, about what its forward moved (dropout, bias-add,
+residual, GeLU); Korthikanti 2022 Table 4 shows sequence parallelism saving 0.5 ms forward but
+only 0.1 ms backward, so backward elementwise time is no larger than forward"""
 ADAM_BYTES_PER_PARAM = 38
 """HBM traffic of one fused Adam step per parameter: read fp32 master, grad, m, v (16), write
 master, m, v (12), write the 16-bit weight (2), plus grad-norm read and zeroing (8)"""
@@ -67,7 +72,10 @@ class StepEstimate:
 
 
 @dataclass(frozen=True, slots=True)
-class _LayerCost:
+class LayerCost:
+    """Times (s) of one layer for one micro-batch on one GPU, and what it holds in memory.
+    `tp` is the exposed tensor-parallel time of forward and backward together."""
+
     fwd: float
     bwd: float
     recompute: float
@@ -80,6 +88,33 @@ class _LayerCost:
     params: float
     expert_params: float
     gemm_weights: float
+
+
+@lru_cache(maxsize=65536)
+def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span: Span, cp_span: Span,
+               ep_span: Span) -> LayerCost:
+    """Forward, backward and recompute time of one layer (formulas in the module docstring)."""
+    eff, gpu = cluster.efficiency, cluster.gpu
+    peak = gpu.flops(precision)
+    w = layer_work(layer, ctx)
+    gemm = sum(compute.gemm_time_s(f, i, peak, eff) for f, i in w.gemms)
+    attn = compute.gemm_time_s(w.attn_flops, w.attn_intensity, peak, eff) if w.attn_flops else 0.0
+    mem = compute.memory_time_s(w.elementwise_bytes, gpu.hbm_Bps, eff)
+    core_mem = compute.memory_time_s(w.core_elementwise_bytes, gpu.hbm_Bps, eff)
+    fwd = gemm + attn + mem + core_mem
+    bwd = 2 * gemm + (FLASH_BWD_FACTOR if ctx.flash else 2.0) * attn + ELEMENTWISE_BWD_FACTOR * (mem + core_mem)
+    tp_one = w.tp_collectives * comm.collective_time_s("all_reduce", w.tp_message_bytes, tp_span, cluster)
+    tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm)
+    # Ring attention (context parallel): cp-1 K/V block exchanges, hidden behind the attention core.
+    cp_step = (ctx.cp - 1) * comm.p2p_time_s(w.cp_message_bytes, cp_span.nodes > 1, cluster)
+    cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - FLASH_BWD_FACTOR * attn)
+    ep_one = w.ep_collectives * comm.collective_time_s("all_to_all", w.ep_message_bytes, ep_span, cluster)
+    recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]
+    none = layer_work(layer, replace(ctx, recompute="none"))
+    return LayerCost(fwd=fwd, bwd=bwd, recompute=recompute, tp=2 * tp_one, cp=cp, ep=2 * ep_one,
+                     saved=w.saved.total, saved_main=w.saved.main, saved_none=none.saved.total,
+                     params=w.params_local, expert_params=w.expert_params_local,
+                     gemm_weights=w.gemm_weight_params)
 
 
 @lru_cache(maxsize=8)
@@ -113,25 +148,9 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     def coll(kind, n_bytes, group):
         return comm.collective_time_s(kind, n_bytes, spans[group], cluster)
 
-    @lru_cache(maxsize=None)
-    def layer_cost(layer, mode):
-        w = layer_work(layer, _with(base, recompute=mode))
-        gemm = sum(t_gemm(f, i) for f, i in w.gemms)
-        attn = t_gemm(w.attn_flops, w.attn_intensity) if w.attn_flops else 0.0
-        mem, core_mem = t_mem(w.elementwise_bytes), t_mem(w.core_elementwise_bytes)
-        fwd = gemm + attn + mem + core_mem
-        bwd = 2 * gemm + (FLASH_BWD_FACTOR if base.flash else 2.0) * attn + 2 * (mem + core_mem)
-        tp_one = w.tp_collectives * coll("all_reduce", w.tp_message_bytes, "tp")
-        tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm)
-        cp_step = (s.cp - 1) * comm.p2p_time_s(w.cp_message_bytes, spans["cp"].nodes > 1, cluster)
-        cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - FLASH_BWD_FACTOR * attn)
-        ep_one = w.ep_collectives * coll("all_to_all", w.ep_message_bytes, "ep")
-        recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[mode]
-        none = layer_work(layer, _with(base, recompute="none"))
-        return _LayerCost(fwd=fwd, bwd=bwd, recompute=recompute, tp=2 * tp_one, cp=cp, ep=2 * ep_one,
-                          saved=w.saved.total, saved_main=w.saved.main, saved_none=none.saved.total,
-                          params=w.params_local, expert_params=w.expert_params_local,
-                          gemm_weights=w.gemm_weight_params)
+    def cost_of(layer, mode):
+        return layer_cost(layer, _with(base, recompute=mode), cluster, setup.precision,
+                          spans["tp"], spans["cp"], spans["ep"])
 
     bounds = bounds or pipeline.split_layers(len(layers), s.pp, s.vpp)
     per_stage = pipeline.stage_chunks(bounds, s.pp)
@@ -151,7 +170,7 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
         idx = [j for a, b in chunks for j in range(a, b)]
         n_rec = len(idx) if s.recompute_layers is None else min(s.recompute_layers, len(idx))
         modes = [s.recompute if (s.recompute != "full" or k < n_rec) else "none" for k in range(len(idx))]
-        costs = [layer_cost(layers[j], mode) for j, mode in zip(idx, modes)]
+        costs = [cost_of(layers[j], mode) for j, mode in zip(idx, modes)]
         comp = sum(c.fwd + c.bwd for c in costs)
         rec = sum(c.recompute for c in costs)
         tp_t = sum(c.tp for c in costs)
@@ -253,5 +272,4 @@ def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:
 
 
 def _with(ctx: Ctx, **changes) -> Ctx:
-    from dataclasses import replace
     return replace(ctx, **changes)

@@ -1,0 +1,215 @@
+"""Each cost term checked on its own against its published reference."""
+
+from dataclasses import replace
+
+import pytest
+
+from planner.cost import comm, pipeline
+from planner.cost.step import estimate, layer_cost, model_flops_per_sequence
+from planner.graph import Ctx, build_layers
+from planner.placement import Span
+from planner.runs import load_runs
+from planner.spec.hardware import load_cluster
+from planner.spec.model import GraphLayer, ModelSpec
+from planner.spec.training import Strategy, TrainingSetup, resolve_strategy
+
+GIB = 2**30
+
+# One layer of the 22B GPT of Korthikanti et al. 2022 (Table 3: h 6144, a 64, s 2048, b 4, tp 8).
+GPT22B = ModelSpec(name="gpt-22b", layers=48, hidden=6144, heads=64, ffn_hidden=24576, vocab=51200,
+                   dropout=0.1, linear_bias=True, position_embedding="learned", tied_embeddings=True)
+
+# Korthikanti et al. 2022, Table 4: forward / backward ms of one 22B layer on A100 (backward
+# includes the recomputation).
+TABLE4 = [
+    ("none", False, 7.7, 11.9),
+    ("none", True, 7.2, 11.8),
+    ("full", False, 7.7, 19.5),
+    ("selective", False, 7.7, 13.2),
+    ("selective", True, 7.2, 13.1),
+]
+
+
+@pytest.mark.parametrize("mode,sp,fwd_ms,bwd_ms", TABLE4)
+def test_korthikanti_table4_layer_times(mode, sp, fwd_ms, bwd_ms):
+    cluster = load_cluster("dgx-a100-80g")
+    layer = build_layers(GPT22B)[0]
+    ctx = Ctx(micro_batch=4, seq_len=2048, tp=8, sp=sp, recompute=mode, flash=False, dropout=0.1)
+    lc = layer_cost(layer, ctx, cluster, "bf16", Span(8, 8, 1), Span(1, 1, 1), Span(1, 1, 1))
+    fwd = (lc.fwd + lc.tp / 2) * 1e3
+    bwd = (lc.bwd + lc.tp / 2 + lc.recompute) * 1e3
+    assert fwd == pytest.approx(fwd_ms, rel=0.10)
+    assert bwd == pytest.approx(bwd_ms, rel=0.10)
+
+
+# nccl-tests PERFORMANCE.md: busBw = algBw * 2(n-1)/n for all-reduce, (n-1)/n for all-gather,
+# reduce-scatter and all-to-all; on one tier the bus bandwidth is the link bandwidth.
+@pytest.mark.parametrize("kind,factor", [("all_reduce", 2.0), ("all_gather", 1.0), ("reduce_scatter", 1.0),
+                                         ("all_to_all", 1.0)])
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_collective_bus_bandwidth_convention(kind, factor, n):
+    cluster = load_cluster("dgx-h100")
+    cluster = replace(cluster, intra_node=replace(cluster.intra_node, latency_s=0.0))
+    size = 8 * GIB
+    t = comm.collective_time_s(kind, size, Span(n, n, 1), cluster)
+    bus_bw = size / t * factor * (n - 1) / n
+    assert bus_bw == pytest.approx(cluster.intra_node.Bps * cluster.efficiency.intra_link_fraction, rel=1e-12)
+
+
+def test_collective_latency_term():
+    """Ring all-reduce of a tiny message costs 2(n-1) latencies."""
+    cluster = load_cluster("dgx-h100")
+    t = comm.collective_time_s("all_reduce", 1.0, Span(8, 8, 1), cluster)
+    assert t == pytest.approx(14 * cluster.intra_node.latency_s, rel=1e-3)
+
+
+def test_hierarchical_all_reduce_spanning_nodes():
+    """16 ranks, 8 per node: NVLink phase over 8 plus an inter-node ring over 2 on M/8 per NIC."""
+    cluster = load_cluster("dgx-h100")
+    eff = cluster.efficiency
+    size = 4 * GIB
+    t = comm.collective_time_s("all_reduce", size, Span(16, 8, 2), cluster)
+    intra = 2 * 7 / 8 * size / (cluster.intra_node.Bps * eff.intra_link_fraction) + 14 * cluster.intra_node.latency_s
+    inter = 2 * 1 / 2 * (size / 8) / (cluster.inter_node.Bps * eff.inter_link_fraction) + 2 * cluster.inter_node.latency_s
+    assert t == pytest.approx(intra + inter, rel=1e-12)
+
+
+def test_one_rank_per_node_uses_the_nic_alone():
+    cluster = load_cluster("dgx-h100")
+    eff = cluster.efficiency
+    t = comm.collective_time_s("all_reduce", GIB, Span(4, 1, 4), cluster)
+    expect = 2 * 3 / 4 * GIB / (cluster.inter_node.Bps * eff.inter_link_fraction) + 6 * cluster.inter_node.latency_s
+    assert t == pytest.approx(expect, rel=1e-12)
+
+
+# Narayanan et al. 2021 §2.2: bubble fraction (p-1)/m for 1F1B, (p-1)/(v*m) interleaved.
+@pytest.mark.parametrize("p,m,v", [(4, 8, 1), (8, 64, 1), (4, 8, 2), (8, 24, 3), (2, 2, 1)])
+def test_pipeline_bubble_fraction(p, m, v):
+    t = 0.37
+    step, bubble = pipeline.pipeline_time_s([t] * p, m, v)
+    assert bubble / (m * t) == pytest.approx((p - 1) / (v * m), rel=1e-12)
+    assert step == pytest.approx((m + (p - 1) / v) * t, rel=1e-12)
+
+
+def test_bubble_through_estimate_on_uniform_graph():
+    """Equal explicit layers (no embedding or head) make every stage equal: bubble = (p-1)/m."""
+    layers = tuple(GraphLayer(name=f"l{i}", fwd_flops=1e12, params=1000, saved_bytes=1e6, output_bytes=1e5)
+                   for i in range(8))
+    model = ModelSpec(name="uniform", layers=8, hidden=0, heads=0, ffn_hidden=0, vocab=0, graph=layers, seq_len=1)
+    cluster = load_cluster("dgx-h100")
+    setup = TrainingSetup(gpus=4, global_batch=8, seq_len=1)
+    est = estimate(model, cluster, setup, Strategy(pp=4, dp=1, micro_batch=1, zero=0))
+    per_mb = est.stages[0].time_per_microbatch_s
+    assert all(st.time_per_microbatch_s == pytest.approx(per_mb) for st in est.stages)
+    assert est.breakdown_s["bubble"] / (8 * per_mb) == pytest.approx(3 / 8, rel=1e-12)
+
+
+def test_in_flight_microbatches():
+    """1F1B stage i holds p - i micro-batches; interleaved stage 0 holds p(1 + (p-1)/(p v))."""
+    assert [pipeline.in_flight(i, 4, 16, 1) for i in range(4)] == [4, 3, 2, 1]
+    assert pipeline.in_flight(0, 4, 2, 1) == 2
+    assert pipeline.in_flight(0, 8, 64, 3) == pytest.approx(8 * (1 + 7 / 24))
+
+
+def _reference_runs():
+    return [r for r in load_runs() if r.analytic_reference]
+
+
+@pytest.mark.parametrize("run", _reference_runs(), ids=lambda r: r.id)
+def test_korthikanti_fig1_memory_in_paper_accounting(run):
+    """Korthikanti 2022 Fig. 1 (analytic, the paper's own formulas): reproduced exactly when the
+    memory model is restricted to the paper's accounting."""
+    ref = run.analytic_reference
+    s = resolve_strategy(run.strategy, run.setup)
+    first = estimate(run.model, run.cluster, run.setup, s, paper_accounting=True).stages[0].memory
+    assert (first.weights + first.grads + first.optimizer) / GIB == pytest.approx(
+        ref["first_stage_weights_grads_optimizer_gib"], rel=1e-9)
+    assert first.activations / GIB == pytest.approx(ref["first_stage_activations_gib_selective_sp"], rel=1e-9)
+    plain = replace(s, recompute="none", sequence_parallel=False)
+    first_plain = estimate(run.model, run.cluster, run.setup, plain, paper_accounting=True).stages[0].memory
+    assert first_plain.activations / GIB == pytest.approx(ref["first_stage_activations_gib_no_recompute_no_sp"], rel=1e-9)
+
+
+# How the default accounting differs from the paper's on the first stage (selective + SP):
+# weights/grads/optimizer add the embedding table, biases and LayerNorms (+1.5 % on 22B, +2.9 %
+# on 175B, +7.0 % on 530B, +8.3 % on 1T, where one stage holds few layers beside the embedding);
+# activations add LayerNorm statistics, the embedding dropout mask and allocator fragmentation
+# (+0.2 % to +3.4 %); `other` adds the runtime's 1 GiB reserve and fragmentation (1.5-2.4 GiB).
+DEFAULT_VS_PAPER = {
+    "korthikanti22-t5-22b-seqsel": (1.015, 1.034),
+    "korthikanti22-t5-175b-seqsel": (1.029, 1.002),
+    "korthikanti22-t5-530b-seqsel": (1.070, 1.010),
+    "korthikanti22-t5-1t-seqsel": (1.083, 1.015),
+}
+
+
+@pytest.mark.parametrize("run", _reference_runs(), ids=lambda r: r.id)
+def test_default_accounting_differs_from_paper_by_stated_amount(run):
+    ref = run.analytic_reference
+    s = resolve_strategy(run.strategy, run.setup)
+    first = estimate(run.model, run.cluster, run.setup, s).stages[0].memory
+    states_ratio, act_ratio = DEFAULT_VS_PAPER[run.id]
+    assert (first.weights + first.grads + first.optimizer) / GIB / ref["first_stage_weights_grads_optimizer_gib"] == \
+        pytest.approx(states_ratio, abs=0.002)
+    assert first.activations / GIB / ref["first_stage_activations_gib_selective_sp"] == pytest.approx(act_ratio, abs=0.002)
+    assert 1.0 * GIB < first.other < 3 * GIB
+
+
+def test_model_flops_match_korthikanti_eq7():
+    """Korthikanti 2022 App. A Eq. 7: 72 B L s h^2 (1 + s/(6h) + V/(12 h L)) per step, B = 1."""
+    h, L, s, V = GPT22B.hidden, GPT22B.layers, 2048, GPT22B.vocab
+    expect = 72 * L * s * h**2 * (1 + s / (6 * h) + V / (12 * h * L))
+    assert model_flops_per_sequence(GPT22B, s) == pytest.approx(expect, rel=1e-12)
+
+
+def test_mfu_identity():
+    """model_tflops_per_gpu * step_time * gpus = model FLOPs of the step (DESIGN.md)."""
+    cluster = load_cluster("dgx-a100-80g")
+    setup = TrainingSetup(gpus=16, global_batch=32, seq_len=2048, attention="eager")
+    est = estimate(GPT22B, cluster, setup, resolve_strategy({"tp": 8, "micro_batch": 2}, setup))
+    assert est.model_tflops_per_gpu * 1e12 * est.step_time_s * 16 == pytest.approx(
+        32 * model_flops_per_sequence(GPT22B, 2048), rel=1e-12)
+    assert est.mfu == pytest.approx(est.model_tflops_per_gpu * 1e12 / 312e12, rel=1e-12)
+
+
+def test_breakdowns_sum_to_totals():
+    cluster = load_cluster("dgx-h100")
+    model = ModelSpec(name="m", layers=16, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336, vocab=128256,
+                      ffn_act="swiglu", norm="rmsnorm")
+    setup = TrainingSetup(gpus=64, global_batch=128, seq_len=8192)
+    est = estimate(model, cluster, setup, resolve_strategy({"tp": 4, "pp": 4, "vpp": 2, "micro_batch": 1}, setup))
+    assert sum(est.breakdown_s.values()) == pytest.approx(est.step_time_s, rel=1e-12)
+    assert est.memory.total == pytest.approx(est.peak_memory_bytes)
+    assert est.breakdown_s["bubble"] > 0 and est.breakdown_s["pp_comm"] > 0 and est.breakdown_s["tp_comm"] > 0
+
+
+def test_recompute_trades_time_for_memory():
+    cluster = load_cluster("dgx-a100-80g")
+    setup = TrainingSetup(gpus=8, global_batch=8, seq_len=2048, attention="eager")
+    runs = {mode: estimate(GPT22B, cluster, setup, resolve_strategy({"tp": 8, "recompute": mode}, setup))
+            for mode in ("none", "selective", "full")}
+    assert runs["none"].step_time_s < runs["selective"].step_time_s < runs["full"].step_time_s
+    assert runs["none"].memory.activations > runs["selective"].memory.activations > runs["full"].memory.activations
+
+
+def test_partial_full_recompute_lies_between():
+    cluster = load_cluster("dgx-a100-80g")
+    setup = TrainingSetup(gpus=8, global_batch=8, seq_len=2048, attention="eager")
+    t = {n: estimate(GPT22B, cluster, setup, resolve_strategy({"tp": 8, "recompute": "full", "recompute_layers": n}, setup))
+         for n in (0, 24, 48)}
+    none = estimate(GPT22B, cluster, setup, resolve_strategy({"tp": 8}, setup))
+    assert t[0].step_time_s == pytest.approx(none.step_time_s)
+    assert t[0].step_time_s < t[24].step_time_s < t[48].step_time_s
+    assert t[0].memory.activations > t[24].memory.activations > t[48].memory.activations
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_zero_shards_states_over_dp(zero):
+    cluster = load_cluster("dgx-h100")
+    model = ModelSpec(name="m", layers=8, hidden=2048, heads=16, ffn_hidden=8192, vocab=32000)
+    setup = TrainingSetup(gpus=16, global_batch=64, seq_len=2048)
+    base = estimate(model, cluster, setup, Strategy(dp=16, zero=0)).memory
+    mem = estimate(model, cluster, setup, Strategy(dp=16, zero=zero)).memory
+    assert mem.optimizer == pytest.approx(base.optimizer / (16 if zero >= 1 else 1))
+    assert mem.grads == pytest.approx(base.grads / (16 if zero >= 2 else 1))
+    assert mem.weights == pytest.approx(base.weights / (16 if zero >= 3 else 1))
