@@ -104,7 +104,6 @@ class Linear:
 class Layer:
     """One transformer layer (or one explicit graph layer: then `explicit` is set)."""
 
-    index: int
     hidden: int
     q_heads: int
     kv_heads: int
@@ -134,7 +133,7 @@ def _mlp(hidden: int, width: int, act: str) -> tuple[Linear, ...]:
 
 def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
     if spec.is_graph:
-        return tuple(Layer(index=i, hidden=0, q_heads=0, kv_heads=0, d_qk=0, d_v=0, attn_linears=(), mlp_linears=(),
+        return tuple(Layer(hidden=0, q_heads=0, kv_heads=0, d_qk=0, d_v=0, attn_linears=(), mlp_linears=(),
                            ffn_act="none", ffn_width=0,
                            explicit=(g.fwd_flops, g.params, g.saved_bytes, g.output_bytes))
                      for i, g in enumerate(spec.graph))
@@ -151,19 +150,21 @@ def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
         d_qk = d_v = spec.head_dim
         kv = spec.kv_heads
         attn = (Linear(h, (a + 2 * kv) * d_qk, "col"), Linear(a * d_qk, h, "row"))
-    layers = []
+    layers, kinds = [], {}
     for i in range(spec.layers):
-        common = dict(index=i, hidden=h, q_heads=a, kv_heads=kv, d_qk=d_qk, d_v=d_v, attn_linears=attn,
+        common = dict(hidden=h, q_heads=a, kv_heads=kv, d_qk=d_qk, d_v=d_v, attn_linears=attn,
                       ffn_act=spec.ffn_act, norm=spec.norm, rope=spec.position_embedding == "rope",
                       causal=spec.causal, bias=spec.linear_bias)
         if spec.is_moe_layer(i):
             moe = spec.moe
             shared = moe.shared_experts * moe.shared_ffn_hidden
-            layers.append(Layer(**common, mlp_linears=_mlp(h, shared, spec.ffn_act) if shared else (),
-                                ffn_width=shared, experts=moe.experts, top_k=moe.top_k,
-                                expert_linears=_mlp(h, moe.expert_ffn_hidden, spec.ffn_act)))
+            layer = Layer(**common, mlp_linears=_mlp(h, shared, spec.ffn_act) if shared else (),
+                          ffn_width=shared, experts=moe.experts, top_k=moe.top_k,
+                          expert_linears=_mlp(h, moe.expert_ffn_hidden, spec.ffn_act))
         else:
-            layers.append(Layer(**common, mlp_linears=_mlp(h, spec.ffn_hidden, spec.ffn_act), ffn_width=spec.ffn_hidden))
+            layer = Layer(**common, mlp_linears=_mlp(h, spec.ffn_hidden, spec.ffn_act), ffn_width=spec.ffn_hidden)
+        # identical layers share one object, so per-layer prices are computed once per kind
+        layers.append(kinds.setdefault(layer, layer))
     return tuple(layers)
 
 
@@ -287,7 +288,7 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     main += per_token_mlp * tokens * layer.ffn_width / ctx.tp
     if layer.experts:
         expert_width = layer.expert_linears[1].k
-        main += ACT_BYTES * rep  # router input is the MLP norm output (shared); the a2a buffers:
+        # routed token copies (expert inputs) and expert outputs kept for the routing-weight gradient
         main += 2 * ACT_BYTES * expert_tokens * layer.hidden / ctx.tp
         main += per_token_mlp * expert_tokens * expert_width / ctx.tp
     stats = (8 if layer.norm == "layernorm" else 4) * 2 * tokens / (ctx.tp if ctx.sp else 1)
@@ -336,9 +337,9 @@ def embedding_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
                    tp_message_bytes=tokens * spec.hidden * ACT_BYTES if ctx.tp > 1 else 0.0)
 
 
-LOGIT_SAVED_BYTES = 4 + 2
-"""per logit element: Megatron's vocab-parallel cross entropy keeps fp32 softmax for backward,
-while the bf16 logits are still alive when it runs"""
+LOGIT_SAVED_BYTES = 4
+"""per logit element: Megatron's vocab-parallel cross entropy keeps only the fp32 softmax
+(exp_logits) for backward; the head GEMM keeps its input, not the logits (PyTorch agrees)"""
 LOGIT_RW_BYTES = 38 + 22
 """HBM traffic per logit element, forward and backward, of Megatron's (unfused) vocab-parallel
 cross entropy in fp32: cast (2+4), max (4), subtract (4+4), exp (4+4), sum (4), normalise (4+4);
