@@ -102,7 +102,9 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
 @click.option("--no-loso", is_flag=True, help="skip the leave-one-source-out refits")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document on stdout")
 def validate(runs_file, no_loso, as_json):
-    """Predicted vs published step times: per-run error, MAPE, leave-one-source-out."""
+    """Predicted vs published step times: per-run error, MAPE, leave-one-source-out.
+
+    Without --runs: the bundled calibration set, then the bundled out-of-sample checks."""
     import json
 
     from planner import report
@@ -110,9 +112,12 @@ def validate(runs_file, no_loso, as_json):
     from planner.runs import load_runs
     from planner.validate import summary, validate as run_validation
 
+    from planner.runs import CHECKS
+
     runs = load_runs(runs_file)
+    checks = [] if runs_file else load_runs(CHECKS)
     with report.progress("validating") as step:
-        result = run_validation(runs, loso=not no_loso, progress=step)
+        result = run_validation(runs, loso=not no_loso, checks=checks, progress=step)
     doc = rounded(summary(result))
     if as_json:
         click.echo(json.dumps(doc, indent=2))
@@ -187,7 +192,8 @@ def main() -> None:
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as e:
-        e.show()
+        from planner.report import error_line
+        error_line(e.format_message() + (" (see --help)" if isinstance(e, click.UsageError) else ""))
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

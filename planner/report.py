@@ -79,30 +79,40 @@ class progress:
         return self._progress.__exit__(*exc)
 
 
-def validation_table(doc: dict) -> None:
-    t = Table(title="predicted vs published step time", title_justify="left")
+def _runs_table(title: str, rows: list[dict]) -> Table:
+    t = Table(title=title, title_justify="left")
     for col, just in (("run", "left"), ("GPUs", "right"), ("published", "right"), ("predicted", "right"),
                       ("error", "right"), ("unknown knobs priced at", "left"), ("memory", "right")):
         t.add_column(col, justify=just)
-    for r in doc["runs"]:
+    for r in rows:
         chosen = ", ".join(f"{k}={v}" for k, v in r["chosen"].items())
         mem = f"{r['peak_memory_gib']:.1f} GiB" + ("" if r["fits"] else " [red]no fit[/red]")
         if "memory_error" in r:
             mem += f" ({r['memory_error'] * 100:+.1f}%)"
         t.add_row(r["id"], str(r["gpus"]), _fmt_s(r["derived_step_time_s"]), _fmt_s(r["predicted_step_time_s"]),
                   f"{r['error'] * 100:+.1f} %", chosen, mem)
-    err.print(t)
+    return t
+
+
+def validation_table(doc: dict) -> None:
+    err.print(_runs_table("predicted vs published step time", doc["runs"]))
     s = Table(title="by source", title_justify="left")
     for col in ("source", "runs", "MAPE", "max |error|", "LOSO MAPE"):
         s.add_column(col, justify="left" if col == "source" else "right")
-    loso = doc["loso"]["sources"]
+    loso = doc.get("loso", {}).get("sources", {})
     for name, v in doc["sources"].items():
         lo = f"{loso[name]['mape'] * 100:.2f} %" if name in loso else "-"
         s.add_row(name, str(v["runs"]), f"{v['mape'] * 100:.2f} %", f"{v['max_abs_error'] * 100:.1f} %", lo)
     err.print(s)
-    err.print(f"[bold]all runs: MAPE {doc['mape'] * 100:.2f} %, max |error| {doc['max_abs_error'] * 100:.1f} %; "
-              f"leave-one-source-out MAPE {doc['loso']['mape'] * 100:.2f} % "
-              f"(max {doc['loso']['max_abs_error'] * 100:.1f} %)[/bold]")
+    line = f"all runs: MAPE {doc['mape'] * 100:.2f} %, max |error| {doc['max_abs_error'] * 100:.1f} %"
+    if "loso" in doc:
+        line += (f"; leave-one-source-out MAPE {doc['loso']['mape'] * 100:.2f} % "
+                 f"(max {doc['loso']['max_abs_error'] * 100:.1f} %)")
+    err.print(f"[bold]{line}[/bold]")
+    if "checks" in doc:
+        c = doc["checks"]
+        err.print(_runs_table("out-of-sample checks (never fitted on)", c["runs"]))
+        err.print(f"[bold]checks: MAPE {c['mape'] * 100:.2f} %, max |error| {c['max_abs_error'] * 100:.1f} %[/bold]")
 
 
 def fit_table(result) -> None:

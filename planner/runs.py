@@ -20,6 +20,8 @@ from planner.spec.model import ModelSpec
 from planner.spec.training import STRATEGY_KNOBS, Strategy, TrainingSetup, resolve_strategy
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "calibration_runs.yaml"
+CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
+"""published runs no fit may use: out-of-sample checks shown by `planner validate`"""
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
             "analytic_reference", "confidence")
@@ -98,7 +100,8 @@ def candidates(run: Run) -> list[Strategy]:
     domains = {
         "micro_batch": _divisors(setup.global_batch // dp) if setup.global_batch % dp == 0 else [1],
         "recompute": ["none", "selective", "full"],
-        "vpp": [1] + [v for v in _divisors(run.model.layers // pp) if v > 1] if pp > 1 and run.model.layers % pp == 0 else [1],
+        # any interleaving the layers allow; uneven chunks are split as evenly as possible
+        "vpp": list(range(1, run.model.layers // pp + 1)) if pp > 1 else [1],
         "zero": [0, 1, 2, 3],
         "sequence_parallel": [False, True] if st.get("tp", 1) > 1 else [False],
     }

@@ -19,15 +19,17 @@ from planner.runs import Priced, Run, price_run
 @dataclass(frozen=True, slots=True)
 class Validation:
     priced: tuple[Priced, ...]
-    loso: tuple[tuple[str, Priced], ...]
-    """(held-out source, run priced with the fit that excluded it)"""
+    loso: tuple[tuple[str, Priced], ...] | None
+    """(held-out source, run priced with the fit that excluded it); None when not asked for"""
+    checks: tuple[Priced, ...] = ()
+    """out-of-sample runs no fit ever used, priced with the shipped presets"""
 
 
 def _mape(errors) -> float:
     return float(np.mean(np.abs(errors))) if len(errors) else 0.0
 
 
-def validate(runs: list[Run], loso: bool = True, progress=None) -> Validation:
+def validate(runs: list[Run], loso: bool = True, checks: list[Run] = (), progress=None) -> Validation:
     priced = tuple(price_run(r) for r in runs)
     held = []
     if loso:
@@ -41,17 +43,13 @@ def validate(runs: list[Run], loso: bool = True, progress=None) -> Validation:
             train = [r for s, rs in by_gpu[gpu].items() if s != source for r in rs]
             result = fit(train, start=train[0].cluster.efficiency)
             held.extend((source, price_run(r, result.efficiency)) for r in by_gpu[gpu][source])
-    return Validation(priced=priced, loso=tuple(held))
+    return Validation(priced=priced, loso=tuple(held) if loso else None,
+                      checks=tuple(price_run(r) for r in checks))
 
 
-def summary(v: Validation) -> dict:
-    """The machine-readable document of `planner validate --json` (schema planner.validate/v1)."""
-    errors = [p.error for p in v.priced]
-    by_source: dict[str, list[float]] = defaultdict(list)
-    for p in v.priced:
-        by_source[p.run.source].append(p.error)
+def _rows(priced) -> list[dict]:
     rows = []
-    for p in v.priced:
+    for p in priced:
         est = p.estimate
         row = {"id": p.run.id, "source": p.run.source, "gpus": p.run.setup.gpus,
                "derived_step_time_s": p.run.step_time_s, "predicted_step_time_s": est.step_time_s,
@@ -63,18 +61,37 @@ def summary(v: Validation) -> dict:
             row["measured_memory_gib"] = measured_mem
             row["memory_error"] = est.peak_memory_bytes / 2**30 / measured_mem - 1.0
         rows.append(row)
-    loso_errors = [p.error for _, p in v.loso]
-    loso_by_source: dict[str, list[float]] = defaultdict(list)
-    for source, p in v.loso:
-        loso_by_source[source].append(p.error)
-    return {
+    return rows
+
+
+def _by_source(pairs) -> dict:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for source, error in pairs:
+        groups[source].append(error)
+    return {s: {"runs": len(e), "mape": _mape(e), "max_abs_error": float(np.max(np.abs(e)))} for s, e in groups.items()}
+
+
+def _max(errors) -> float:
+    return float(np.max(np.abs(errors))) if len(errors) else 0.0
+
+
+def summary(v: Validation) -> dict:
+    """The machine-readable document of `planner validate --json` (schema planner.validate/v1)."""
+    errors = [p.error for p in v.priced]
+    doc = {
         "schema": "planner.validate/v1",
         "mape": _mape(errors),
-        "max_abs_error": float(np.max(np.abs(errors))) if errors else 0.0,
-        "runs": rows,
-        "sources": {s: {"runs": len(e), "mape": _mape(e), "max_abs_error": float(np.max(np.abs(e)))}
-                    for s, e in by_source.items()},
-        "loso": {"mape": _mape(loso_errors), "max_abs_error": float(np.max(np.abs(loso_errors))) if loso_errors else 0.0,
-                 "sources": {s: {"runs": len(e), "mape": _mape(e)} for s, e in loso_by_source.items()},
-                 "runs": [{"id": p.run.id, "held_out_source": s, "error": p.error} for s, p in v.loso]},
+        "max_abs_error": _max(errors),
+        "runs": _rows(v.priced),
+        "sources": _by_source((p.run.source, p.error) for p in v.priced),
     }
+    if v.loso is not None:
+        loso_errors = [p.error for _, p in v.loso]
+        doc["loso"] = {"mape": _mape(loso_errors), "max_abs_error": _max(loso_errors),
+                       "sources": _by_source((s, p.error) for s, p in v.loso),
+                       "runs": [{"id": p.run.id, "held_out_source": s, "error": p.error} for s, p in v.loso]}
+    if v.checks:
+        check_errors = [p.error for p in v.checks]
+        doc["checks"] = {"mape": _mape(check_errors), "max_abs_error": _max(check_errors),
+                         "runs": _rows(v.checks), "sources": _by_source((p.run.source, p.error) for p in v.checks)}
+    return doc

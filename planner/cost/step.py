@@ -31,8 +31,13 @@ only 0.1 ms backward, so backward elementwise time is no larger than forward"""
 ADAM_BYTES_PER_PARAM = 38
 """HBM traffic of one fused Adam step per parameter: read fp32 master, grad, m, v (16), write
 master, m, v (12), write the 16-bit weight (2), plus grad-norm read and zeroing (8)"""
-DP_GRAD_BYTES = 4
-"""Megatron reduces gradients in fp32 by default with bf16 (accumulate_allreduce_grads_in_fp32)"""
+
+
+def dp_grad_bytes(precision: str) -> int:
+    """Bytes per gradient element in the data-parallel reduction: Megatron forces fp32 gradient
+    accumulation and reduction with bf16 (accumulate_allreduce_grads_in_fp32); with fp16 it keeps
+    them in fp16 by default, as FSDP reduces in the parameter dtype."""
+    return 2 if precision == "fp16" else 4
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
                   "dp_comm_exposed", "optimizer")
@@ -132,6 +137,7 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     gpu, eff = cluster.gpu, cluster.efficiency
     peak = gpu.flops(setup.precision)
     m = s.num_microbatches(setup.global_batch)
+    grad_bytes = dp_grad_bytes(setup.precision)
     degrees = {"tp": s.tp, "cp": s.cp, "dp": s.dp, "pp": s.pp, "ep": s.ep}
     g = min(cluster.gpus_per_node, setup.gpus)
     spans = {d: span(s.order, degrees, (d,), g) for d in ("tp", "cp", "ep", "pp", "edp")}
@@ -148,9 +154,14 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     def coll(kind, n_bytes, group):
         return comm.collective_time_s(kind, n_bytes, spans[group], cluster)
 
+    memo: dict = {}
+
     def cost_of(layer, mode):
-        return layer_cost(layer, _with(base, recompute=mode), cluster, setup.precision,
-                          spans["tp"], spans["cp"], spans["ep"])
+        key = (id(layer), mode)
+        if key not in memo:
+            memo[key] = layer_cost(layer, _with(base, recompute=mode), cluster, setup.precision,
+                                   spans["tp"], spans["cp"], spans["ep"])
+        return memo[key]
 
     bounds = bounds or pipeline.split_layers(len(layers), s.pp, s.vpp)
     per_stage = pipeline.stage_chunks(bounds, s.pp)
@@ -196,7 +207,7 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
         z3 = 0.0
         if s.zero >= 3:
             gather = 2 * coll("all_gather", memory.WEIGHT_BYTES * dense * s.dp * s.cp, "dpcp")
-            scatter = coll("reduce_scatter", DP_GRAD_BYTES * dense * s.dp * s.cp, "dpcp")
+            scatter = coll("reduce_scatter", grad_bytes * dense * s.dp * s.cp, "dpcp")
             z3 = max(0.0, gather + scatter - eff.dp_overlap_fraction * comp)
         row["z3"] = z3
         row["t"] = comp + rec + tp_t + row["cp_comm"] + row["ep_comm"] + p2p + z3
@@ -225,8 +236,8 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     pipe_s, bubble_s = pipeline.pipeline_time_s([r["t"] for r in rows], m, s.vpp)
     dp_exposed, opt_s = 0.0, 0.0
     for i, r in enumerate(rows):
-        grad = coll("all_reduce" if s.zero == 0 else "reduce_scatter", DP_GRAD_BYTES * r["dense"], "dpcp")
-        grad += coll("all_reduce" if s.zero == 0 else "reduce_scatter", DP_GRAD_BYTES * r["expert"], "edp")
+        grad = coll("all_reduce" if s.zero == 0 else "reduce_scatter", grad_bytes * r["dense"], "dpcp")
+        grad += coll("all_reduce" if s.zero == 0 else "reduce_scatter", grad_bytes * r["expert"], "edp")
         gather = 0.0
         if 1 <= s.zero <= 2:
             gather = coll("all_gather", memory.WEIGHT_BYTES * r["dense"], "dpcp")

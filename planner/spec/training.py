@@ -75,11 +75,10 @@ def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
     gpus = s.dp * s.tp * s.pp * s.cp
     if gpus != setup.gpus:
         problems.append(f"dp*tp*pp*cp = {s.dp}*{s.tp}*{s.pp}*{s.cp} = {gpus} is not the GPU count {setup.gpus}")
-    for name in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch"):
-        if getattr(s, name) < 1:
-            problems.append(f"{name} ({getattr(s, name)}) must be >= 1")
-    if problems:
-        return problems
+    below_one = [f"{name} ({getattr(s, name)}) must be >= 1"
+                 for name in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch") if getattr(s, name) < 1]
+    if below_one:  # the rules below divide by these
+        return problems + below_one
     if (s.dp * s.cp) % s.ep:
         problems.append(f"ep ({s.ep}) must divide dp*cp ({s.dp * s.cp})")
     if setup.global_batch % (s.dp * s.micro_batch):
@@ -144,9 +143,10 @@ def resolve_strategy(fixed: dict, setup: TrainingSetup) -> Strategy:
     tp, pp, cp = knobs.get("tp", 1), knobs.get("pp", 1), knobs.get("cp", 1)
     if "dp" not in knobs:
         inner = tp * pp * cp
-        if inner <= 0 or setup.gpus % inner:
-            raise SpecError(f"illegal strategy: tp*pp*cp = {tp}*{pp}*{cp} = {inner} does not divide the GPU count {setup.gpus}")
-        knobs["dp"] = setup.gpus // inner
+        if inner <= 0:
+            raise SpecError(f"illegal strategy: tp, pp and cp must be >= 1 (got {tp}, {pp}, {cp})")
+        # an inferred dp that cannot fill the GPUs is reported with every other broken rule
+        knobs["dp"] = max(1, setup.gpus // inner)
     vpp = knobs.get("vpp", 1)
     knobs.setdefault("sequence_parallel", tp > 1)
     knobs.setdefault("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")

@@ -1,0 +1,171 @@
+"""Spec errors at the library level: every malformed or illegal spec raises one SpecError whose
+message names the file, the key and (where one exists) the close match (DESIGN.md "Spec strictness").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.errors import SpecError
+from planner.spec.hardware import load_cluster
+from planner.spec.model import load_model
+
+TINY = """\
+name: tiny
+layers: 2
+hidden: 64
+heads: 4
+ffn_hidden: 256
+vocab: 100
+"""
+
+CLUSTER = """\
+name: mine
+gpu: {name: h100-custom, memory_gib: 80, hbm_GBps: 3350, tflops: {bf16: 989}}
+gpus_per_node: 8
+intra_node: {GBps: 450, latency_us: 3}
+inter_node: {GBps: 50, latency_us: 6}
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def spec_error(load, path: Path) -> str:
+    with pytest.raises(SpecError) as info:
+        load(str(path))
+    message = str(info.value)
+    assert "\n" not in message, "a spec error is one line"
+    return message
+
+
+def test_tiny_model_fixture_loads(tmp_path):
+    """The base the error cases below break one key of is itself valid."""
+    model = load_model(str(write(tmp_path, "tiny.yaml", TINY)))
+    assert (model.layers, model.hidden, model.heads, model.head_dim) == (2, 64, 4, 16)
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    path = write(tmp_path, "broken.yaml", "name: x\nlayers: [1, 2\n")
+    message = spec_error(load_model, path)
+    assert str(path) in message
+    assert "malformed YAML" in message
+    assert "line 3" in message
+
+
+def test_malformed_json_config_names_file_and_position(tmp_path):
+    path = write(tmp_path, "hf/config.json", '{"model_type": "llama",,}')
+    message = spec_error(load_model, path)
+    assert str(path) in message
+    assert "malformed JSON" in message
+    assert "line 1, column 24" in message
+
+
+def test_top_level_list_is_not_a_model(tmp_path):
+    path = write(tmp_path, "list.yaml", "- layers: 2\n")
+    message = spec_error(load_model, path)
+    assert str(path) in message
+    assert "expected a mapping" in message
+
+
+def test_unknown_key_names_key_file_and_close_match(tmp_path):
+    path = write(tmp_path, "typo.yaml", TINY + "hiden: 64\n")
+    message = spec_error(load_model, path)
+    assert str(path) in message
+    assert "hiden: unknown key" in message
+    assert "did you mean hidden" in message
+
+
+def test_unknown_key_in_moe_block_names_nested_path(tmp_path):
+    moe = "moe:\n  experts: 4\n  top_k: 1\n  expert_ffn_hidden: 64\n  topk: 2\n"
+    path = write(tmp_path, "moe.yaml", TINY + moe)
+    message = spec_error(load_model, path)
+    assert str(path) in message
+    assert "moe.topk: unknown key" in message
+    assert "did you mean top_k" in message
+
+
+def test_missing_required_field(tmp_path):
+    path = write(tmp_path, "nolayers.yaml", TINY.replace("layers: 2\n", ""))
+    message = spec_error(load_model, path)
+    assert str(path) in message
+    assert "layers: missing (required)" in message
+
+
+@pytest.mark.parametrize("key, bad", [("hidden", -1), ("layers", 0), ("heads", -4), ("vocab", 0)])
+def test_non_positive_sizes_are_rejected(tmp_path, key, bad):
+    text = "\n".join(f"{key}: {bad}" if line.startswith(f"{key}:") else line for line in TINY.splitlines())
+    path = write(tmp_path, f"{key}.yaml", text + "\n")
+    message = spec_error(load_model, path)
+    assert str(path) in message
+    assert f"{key}: expected an integer >= 1, got {bad}" in message
+
+
+def test_string_where_integer_expected(tmp_path):
+    path = write(tmp_path, "str.yaml", TINY.replace("hidden: 64", "hidden: big"))
+    message = spec_error(load_model, path)
+    assert "hidden: expected an integer, got 'big'" in message
+
+
+def test_unknown_preset_lists_close_matches():
+    with pytest.raises(SpecError) as info:
+        load_model("llama3-8")
+    message = str(info.value)
+    assert "unknown model preset 'llama3-8'" in message
+    assert "did you mean llama3-8b" in message
+
+
+def test_missing_model_file():
+    with pytest.raises(SpecError, match=r"/nonexistent/m\.yaml: no such model file"):
+        load_model("/nonexistent/m.yaml")
+
+
+def test_unsupported_hf_model_type_lists_supported(tmp_path):
+    path = write(tmp_path, "mamba/config.json", json.dumps({"model_type": "mamba", "hidden_size": 64}))
+    message = spec_error(load_model, path)
+    assert str(path) in message
+    assert "model_type 'mamba' is not supported" in message
+    assert "llama" in message  # the supported types are listed
+
+
+def test_inline_gpu_cluster_without_efficiency_gets_family_default(tmp_path):
+    cluster = load_cluster(str(write(tmp_path, "mine.yaml", CLUSTER)))
+    assert cluster.gpu.name == "h100-custom"
+    assert cluster.gpu.flops("bf16") == pytest.approx(989e12)
+    assert cluster.source == ""
+    assert cluster.efficiency.source.startswith("default (")
+    assert cluster.efficiency.source == "default (hopper)"
+
+
+def test_unknown_key_in_intra_node(tmp_path):
+    path = write(tmp_path, "typo.yaml", CLUSTER.replace("latency_us: 3}", "latncy_us: 3}"))
+    message = spec_error(load_cluster, path)
+    assert str(path) in message
+    assert "intra_node.latncy_us: unknown key" in message
+    assert "did you mean latency_us" in message
+
+
+def test_gpu_without_tflops(tmp_path):
+    path = write(tmp_path, "notflops.yaml", CLUSTER.replace(", tflops: {bf16: 989}", ""))
+    message = spec_error(load_cluster, path)
+    assert str(path) in message
+    assert "tflops: missing (required)" in message
+
+
+def test_gpu_with_empty_tflops(tmp_path):
+    path = write(tmp_path, "emptytflops.yaml", CLUSTER.replace("tflops: {bf16: 989}", "tflops: {}"))
+    message = spec_error(load_cluster, path)
+    assert "tflops" in message
+
+
+def test_cluster_missing_inter_node(tmp_path):
+    text = "".join(line + "\n" for line in CLUSTER.splitlines() if not line.startswith("inter_node"))
+    message = spec_error(load_cluster, write(tmp_path, "nointer.yaml", text))
+    assert "inter_node: missing (required)" in message
