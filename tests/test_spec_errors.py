@@ -169,3 +169,14 @@ def test_cluster_missing_inter_node(tmp_path):
     text = "".join(line + "\n" for line in CLUSTER.splitlines() if not line.startswith("inter_node"))
     message = spec_error(load_cluster, write(tmp_path, "nointer.yaml", text))
     assert "inter_node: missing (required)" in message
+
+
+def test_unnamed_gpu_family_from_its_peak(tmp_path):
+    """A GPU whose name says nothing takes its family from the bf16 peak (documented defaults)."""
+    from planner.spec.hardware import Cluster
+
+    spec = {"name": "mystery", "gpu": {"name": "x1", "memory_gib": 96, "hbm_GBps": 4000, "tflops": {"bf16": 1000}},
+            "gpus_per_node": 4, "intra_node": {"GBps": 300}, "inter_node": {"GBps": 25}}
+    assert Cluster.from_dict(spec, "mystery.yaml").efficiency.source == "default (hopper)"
+    spec["gpu"]["tflops"] = {"bf16": 50}
+    assert Cluster.from_dict(spec, "mystery.yaml").efficiency.source == "default (generic)"

@@ -112,12 +112,18 @@ class Gpu:
 
 
 def guess_family(name: str, peaks: dict[str, float]) -> str:
-    """Architecture family from the GPU name, else 'generic'."""
+    """Architecture family from the GPU name; else from its dense bf16 peak (A100 312, H100 989,
+    B200 2250 TFLOP/s: a part within 15 % of one of those is taken for that generation); else
+    'generic'."""
     lowered = name.lower()
     for family, marks in (("ampere", ("a100", "a800", "a40", "a30", "a10")), ("hopper", ("h100", "h200", "h800", "gh200")),
                           ("blackwell", ("b200", "b100", "gb200", "b300")), ("cdna3", ("mi300", "mi325")),
                           ("ada", ("l40", "4090", "l4", "6000 ada"))):
         if any(m in lowered for m in marks):
+            return family
+    bf16 = peaks.get("bf16", peaks.get("fp16", 0.0)) / 1e12
+    for family, reference in (("ampere", 312.0), ("hopper", 989.0), ("blackwell", 2250.0)):
+        if abs(bf16 / reference - 1) <= 0.15:
             return family
     return "generic"
 
