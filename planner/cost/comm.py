@@ -41,26 +41,28 @@ def _ring(kind: str, message_bytes: float, n: int, bw_Bps: float, latency_s: flo
     return f * (n - 1) / n * message_bytes / bw_Bps + f * (n - 1) * latency_s
 
 
-def collective_time_s(kind: str, message_bytes: float, span: Span, cluster: Cluster) -> float:
-    """Time of one collective of `kind` with per-rank message `message_bytes` over a group."""
-    if span.size <= 1 or message_bytes <= 0:
-        return 0.0
+def collective_time_s(kind: str, message_bytes, span: Span, cluster: Cluster):
+    """Time of one collective of `kind` with per-rank message `message_bytes` over a group
+    (a number or a numpy array of them; an empty message costs nothing)."""
+    if span.size <= 1:
+        return 0.0 * message_bytes
     intra_bw, intra_lat = _tier_bandwidth(cluster, True, span.per_node)
     if span.nodes == 1:
-        return _ring(kind, message_bytes, span.size, intra_bw, intra_lat)
-    inter_bw, inter_lat = _tier_bandwidth(cluster, False, span.per_node)
-    if kind == "all_to_all":
-        off_node = (span.size - span.per_node) / span.size
-        on_node = (span.per_node - 1) / span.size
-        return (on_node * message_bytes / intra_bw + off_node * message_bytes / inter_bw
-                + (span.size - 1) * inter_lat)
-    local = _ring(kind, message_bytes, span.per_node, intra_bw, intra_lat)
-    return local + _ring(kind, message_bytes / span.per_node, span.nodes, inter_bw, inter_lat)
+        t = _ring(kind, message_bytes, span.size, intra_bw, intra_lat)
+    else:
+        inter_bw, inter_lat = _tier_bandwidth(cluster, False, span.per_node)
+        if kind == "all_to_all":
+            off_node = (span.size - span.per_node) / span.size
+            on_node = (span.per_node - 1) / span.size
+            t = (on_node * message_bytes / intra_bw + off_node * message_bytes / inter_bw
+                 + (span.size - 1) * inter_lat)
+        else:
+            local = _ring(kind, message_bytes, span.per_node, intra_bw, intra_lat)
+            t = local + _ring(kind, message_bytes / span.per_node, span.nodes, inter_bw, inter_lat)
+    return t * (message_bytes > 0)
 
 
-def p2p_time_s(message_bytes: float, inter_node: bool, cluster: Cluster) -> float:
+def p2p_time_s(message_bytes, inter_node: bool, cluster: Cluster):
     """One point-to-point send between neighbouring pipeline stages."""
-    if message_bytes <= 0:
-        return 0.0
     bw, lat = _tier_bandwidth(cluster, not inter_node, 2)
-    return message_bytes / bw + lat
+    return (message_bytes / bw + lat) * (message_bytes > 0)

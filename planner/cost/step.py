@@ -5,14 +5,17 @@ memory-bound ops), backward compute (2x the GEMMs: input and weight gradients; t
 2x eager or 2.5x flash, whose backward recomputes the scores; 2x the memory-bound traffic),
 recompute (the forward again for full recompute, the attention core for selective), and the
 collectives it issues (tensor parallel, context parallel ring, expert all-to-all). Stages combine
-through the pipeline formula (cost/pipeline.py); the data-parallel gradient reduction is added
-where backward cannot hide it, then the optimizer step.
+through the pipeline formula (cost/pipeline.py); each stage then finishes with the part of its
+data-parallel gradient reduction that backward cannot hide and its optimizer step, and the step
+ends with the slowest of those tails.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+
+import numpy as np
 
 from planner.cost import comm, compute, memory, pipeline
 from planner.graph import Ctx, Layer, build_layers, embedding_work, head_work, layer_work
@@ -127,23 +130,63 @@ def _layers(model: ModelSpec):
     return build_layers(model)
 
 
-def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy,
-             bounds: list[tuple[int, int]] | None = None, paper_accounting: bool = False) -> StepEstimate:
-    """Price strategy `s`. `bounds` overrides the even stage split (pp*vpp chunks of layers).
-    `paper_accounting` restricts memory to Korthikanti 2022's: 18 bytes per GEMM weight of the
-    transformer layers and the saved activations of Table 2, nothing else."""
-    check_strategy(s, model, setup)
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A strategy's per-layer prices as prefix sums over the layer chain, plus the scalars of the
+    embedding, the LM head and the pipeline, so that any stage [a, b) is priced in O(1) and many
+    ranges at once with numpy (the stage-split DP uses exactly this)."""
+
+    model: ModelSpec
+    cluster: Cluster
+    setup: TrainingSetup
+    strategy: Strategy
+    microbatches: int
+    grad_bytes: int
+    prefix: dict = field(hash=False)
+    """name -> array of length layers+1; '_b' = base recompute mode, '_f' = full recompute"""
+    ends: dict = field(hash=False)
+    p2p_s: float
+    transient_bytes: float
+    """extra bytes while a fully recomputed layer is rebuilt (the model's largest such layer)"""
+    prefetch_bytes: float
+    spans: dict = field(hash=False)
+
+
+_PREFIX_KEYS = ("comp", "fwd", "bwd", "tp", "cp", "ep", "params", "expert", "gemm_w")
+
+
+def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy) -> Profile:
     layers = _layers(model)
     gpu, eff = cluster.gpu, cluster.efficiency
     peak = gpu.flops(setup.precision)
-    m = s.num_microbatches(setup.global_batch)
-    grad_bytes = dp_grad_bytes(setup.precision)
     degrees = {"tp": s.tp, "cp": s.cp, "dp": s.dp, "pp": s.pp, "ep": s.ep}
     g = min(cluster.gpus_per_node, setup.gpus)
     spans = {d: span(s.order, degrees, (d,), g) for d in ("tp", "cp", "ep", "pp", "edp")}
     spans["dpcp"] = span(s.order, degrees, ("cp", "dp"), g)
     base = Ctx(micro_batch=s.micro_batch, seq_len=setup.seq_len, tp=s.tp, cp=s.cp, ep=s.ep,
                sp=s.sequence_parallel, flash=setup.attention == "flash", dropout=model.dropout)
+    base_mode = "none" if s.recompute == "full" else s.recompute
+    memo: dict = {}
+
+    def cost_of(layer, mode):
+        key = (id(layer), mode)
+        if key not in memo:
+            memo[key] = layer_cost(layer, replace(base, recompute=mode), cluster, setup.precision,
+                                   spans["tp"], spans["cp"], spans["ep"])
+        return memo[key]
+
+    base_costs = [cost_of(l, base_mode) for l in layers]
+    full_costs = [cost_of(l, "full") for l in layers]
+    rows = {
+        "comp": [c.fwd + c.bwd for c in base_costs], "fwd": [c.fwd for c in base_costs],
+        "bwd": [c.bwd for c in base_costs], "tp": [c.tp for c in base_costs], "cp": [c.cp for c in base_costs],
+        "ep": [c.ep for c in base_costs], "params": [c.params for c in base_costs],
+        "expert": [c.expert_params for c in base_costs], "gemm_w": [c.gemm_weights for c in base_costs],
+        "rec_b": [c.recompute for c in base_costs], "rec_f": [c.recompute for c in full_costs],
+        "saved_b": [c.saved for c in base_costs], "saved_f": [c.saved for c in full_costs],
+        "main_b": [c.saved_main for c in base_costs], "main_f": [c.saved_main for c in full_costs],
+    }
+    prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
 
     def t_gemm(flops, inten):
         return compute.gemm_time_s(flops, inten, peak, eff)
@@ -151,127 +194,173 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     def t_mem(n_bytes):
         return compute.memory_time_s(n_bytes, gpu.hbm_Bps, eff)
 
-    def coll(kind, n_bytes, group):
-        return comm.collective_time_s(kind, n_bytes, spans[group], cluster)
+    def coll(kind, n_bytes):
+        return comm.collective_time_s(kind, n_bytes, spans["tp"], cluster)
 
-    memo: dict = {}
-
-    def cost_of(layer, mode):
-        key = (id(layer), mode)
-        if key not in memo:
-            memo[key] = layer_cost(layer, _with(base, recompute=mode), cluster, setup.precision,
-                                   spans["tp"], spans["cp"], spans["ep"])
-        return memo[key]
-
-    bounds = bounds or pipeline.split_layers(len(layers), s.pp, s.vpp)
-    per_stage = pipeline.stage_chunks(bounds, s.pp)
     emb, head = embedding_work(model, base), head_work(model, base)
+    head_params = head.params_local
+    if s.pp == 1 and model.tied_embeddings and not model.is_graph:
+        head_params -= model.vocab * model.hidden / s.tp  # the embedding table serves as the head
+    ends = {"emb_comp": t_mem(emb.elementwise_bytes), "emb_tp": coll("all_reduce", emb.tp_message_bytes),
+            "emb_params": emb.params_local, "emb_saved": emb.saved_bytes,
+            "head_comp": 3 * t_gemm(head.gemm_flops, head.gemm_intensity) + t_mem(head.elementwise_bytes),
+            "head_tp": 2 * coll("all_reduce", head.tp_message_bytes or emb.tp_message_bytes),
+            "head_params": head_params, "head_saved": head.saved_bytes}
     p2p = 0.0
-    if s.pp > 1 and not model.is_graph:
-        # Megatron's scatter/gather optimisation (Narayanan et al. 2021 §4.1): each tp rank sends
-        # 1/tp of the boundary activation and the receivers all-gather it over NVLink.
-        msg = setup.seq_len / s.cp * s.micro_batch * model.hidden * 2 / s.tp
-        p2p = 2 * s.vpp * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
-    elif s.pp > 1:
-        msg = max(l.explicit[3] for l in layers) * s.micro_batch
-        p2p = 2 * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
+    if s.pp > 1:
+        if model.is_graph:
+            msg = max(l.explicit[3] for l in layers) * s.micro_batch
+            p2p = 2 * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
+        else:
+            # Megatron's scatter/gather optimisation (Narayanan et al. 2021 §4.1): each tp rank
+            # sends 1/tp of the boundary activation and the receivers all-gather it over NVLink.
+            msg = setup.seq_len / s.cp * s.micro_batch * model.hidden * 2 / s.tp
+            p2p = 2 * s.vpp * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
+    transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
+    prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
+    return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
+                   microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision),
+                   prefix=prefix, ends=ends, p2p_s=p2p, transient_bytes=transient, prefetch_bytes=prefetch, spans=spans)
 
+
+def stage_terms(prof: Profile, i: int, chunks, recompute_layers=0, paper_accounting: bool = False) -> dict:
+    """Time and memory terms of pipeline stage `i` holding `chunks` [(a, b), ...] with its first
+    `recompute_layers` layers fully recomputed (recompute 'full'). a, b and recompute_layers may be
+    numpy arrays: every term is computed elementwise (the stage DP prices all ranges at once)."""
+    s, P, E, cluster = prof.strategy, prof.prefix, prof.ends, prof.cluster
+    eff = cluster.efficiency
+    last = i == s.pp - 1
+
+    def total(key, lo, hi):
+        return P[key][hi] - P[key][lo]
+
+    sums = {k: 0.0 for k in (*_PREFIX_KEYS, "rec", "saved", "main", "n", "n_rec")}
+    left = recompute_layers if s.recompute == "full" else 0
+    for a, b in chunks:
+        r = np.minimum(np.maximum(left, 0), b - a) if s.recompute == "full" else 0
+        mid = a + r
+        for k in _PREFIX_KEYS:
+            sums[k] = sums[k] + total(k, a, b)
+        sums["rec"] = sums["rec"] + total("rec_f", a, mid) + total("rec_b", mid, b)
+        sums["saved"] = sums["saved"] + total("saved_f", a, mid) + total("saved_b", mid, b)
+        sums["main"] = sums["main"] + total("main_f", a, mid) + total("main_b", mid, b)
+        sums["n"] = sums["n"] + (b - a)
+        sums["n_rec"] = sums["n_rec"] + r
+        left = left - r
+    comp, tp, dense, saved = sums["comp"], sums["tp"], sums["params"], sums["saved"]
+    if i == 0:
+        comp, tp = comp + E["emb_comp"], tp + E["emb_tp"]
+        dense, saved = dense + E["emb_params"], saved + E["emb_saved"]
+    if last:
+        comp, tp, dense = comp + E["head_comp"], tp + E["head_tp"], dense + E["head_params"]
+
+    def coll(kind, n_bytes, group):
+        return comm.collective_time_s(kind, n_bytes, prof.spans[group], cluster)
+
+    # ZeRO-2 reduce-scatters every micro-batch's gradients; ZeRO-3 also gathers the weights for
+    # forward and backward. Hidden behind that micro-batch's compute where possible.
+    z = 0.0
+    if s.zero >= 2:
+        per_mb = coll("reduce_scatter", prof.grad_bytes * dense, "dpcp")
+        per_mb = per_mb + coll("reduce_scatter", prof.grad_bytes * sums["expert"], "edp")
+        if s.zero >= 3:
+            per_mb = per_mb + 2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp")
+            per_mb = per_mb + 2 * coll("all_gather", memory.WEIGHT_BYTES * sums["expert"], "edp")
+        z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
+    t = comp + sums["rec"] + tp + sums["cp"] + sums["ep"] + prof.p2p_s + z
+
+    # End of step: the data-parallel gradient reduction (ZeRO 0/1), the parameter all-gather after
+    # the distributed optimizer (ZeRO 1/2), then the optimizer step. Stage i finishes its last
+    # backward i micro-batch backwards after the last stage, so that much more is hidden.
+    grad = gather = 0.0
+    if s.zero <= 1:
+        kind = "all_reduce" if s.zero == 0 else "reduce_scatter"
+        grad = coll(kind, prof.grad_bytes * dense, "dpcp") + coll(kind, prof.grad_bytes * sums["expert"], "edp")
+    if 1 <= s.zero <= 2:
+        gather = (coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp")
+                  + coll("all_gather", memory.WEIGHT_BYTES * sums["expert"], "edp"))
+    if s.dp_overlap:
+        bwd = sums["bwd"]
+        exposed = (np.maximum(0.0, grad - (eff.dp_overlap_fraction + i) * bwd)
+                   + np.maximum(0.0, gather - eff.dp_overlap_fraction * sums["fwd"]))
+    else:
+        exposed = grad + gather
+    shards = s.dp * s.cp if s.zero >= 1 else 1
+    eshards = max(1, s.dp * s.cp // s.ep) if s.zero >= 1 else 1
+    opt = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / shards + sums["expert"] / eshards),
+                                cluster.gpu.hbm_Bps, eff)
+
+    inflight = pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp)
+    if paper_accounting:
+        gemm_w = sums["gemm_w"] / s.tp
+        weights, grads, optim = (memory.WEIGHT_BYTES * gemm_w, memory.GRAD_BYTES * gemm_w,
+                                 memory.OPTIMIZER_BYTES * gemm_w)
+        acts, other = inflight * sums["main"], 0.0 * gemm_w
+    else:
+        wd, gd, od = memory.state_bytes(dense, s.zero, s.dp * s.cp)
+        we, ge, oe = memory.state_bytes(sums["expert"], s.zero, max(1, s.dp * s.cp // s.ep))
+        weights, grads, optim = wd + we, gd + ge, od + oe
+        transient = prof.transient_bytes * (sums["n_rec"] > 0)
+        acts = inflight * saved + (E["head_saved"] if last else 0.0) + transient
+        other = memory.other_bytes(acts, prof.prefetch_bytes if s.zero >= 3 else 0.0)
+    return {"t": t, "compute": comp, "recompute": sums["rec"], "tp_comm": tp, "cp_comm": sums["cp"],
+            "ep_comm": sums["ep"], "pp_comm": prof.p2p_s + 0.0 * comp, "z": z, "dp_exposed": exposed,
+            "optimizer": opt, "tail": exposed + opt, "weights": weights, "grads": grads, "optim": optim,
+            "activations": acts, "other": other, "memory": weights + grads + optim + acts + other,
+            "recompute_layers": sums["n_rec"]}
+
+
+def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy,
+             bounds: list[tuple[int, int]] | None = None, paper_accounting: bool = False,
+             recompute_layers: tuple[int, ...] | None = None) -> StepEstimate:
+    """Price strategy `s`. `bounds` overrides the even stage split (pp*vpp chunks of layers);
+    `recompute_layers` gives per stage how many layers recompute fully (recompute 'full'; default
+    s.recompute_layers on every stage, or all of them). `paper_accounting` restricts memory to
+    Korthikanti 2022's: 18 bytes per GEMM weight of the transformer layers and the saved
+    activations of Table 2, nothing else.
+
+    Step = m * max_i t_i + (sum_i t_i - max_i t_i) / v + max_i (exposed DP_i + optimizer_i)."""
+    check_strategy(s, model, setup)
+    prof = profile(model, cluster, setup, s)
+    bounds = bounds or pipeline.split_layers(len(_layers(model)), s.pp, s.vpp)
+    per_stage = pipeline.stage_chunks(bounds, s.pp)
+    m = prof.microbatches
     rows, stages = [], []
     for i, chunks in enumerate(per_stage):
-        idx = [j for a, b in chunks for j in range(a, b)]
-        n_rec = len(idx) if s.recompute_layers is None else min(s.recompute_layers, len(idx))
-        modes = [s.recompute if (s.recompute != "full" or k < n_rec) else "none" for k in range(len(idx))]
-        costs = [cost_of(layers[j], mode) for j, mode in zip(idx, modes)]
-        comp = sum(c.fwd + c.bwd for c in costs)
-        rec = sum(c.recompute for c in costs)
-        tp_t = sum(c.tp for c in costs)
-        dense = sum(c.params for c in costs)
-        expert = sum(c.expert_params for c in costs)
-        saved = sum(c.saved for c in costs)
-        if i == 0:
-            comp += t_mem(emb.elementwise_bytes)
-            tp_t += coll("all_reduce", emb.tp_message_bytes, "tp")
-            dense += emb.params_local
-            saved += emb.saved_bytes
-        last_saved = 0.0
-        if i == s.pp - 1:
-            comp += 3 * t_gemm(head.gemm_flops, head.gemm_intensity) + t_mem(head.elementwise_bytes)
-            tp_t += 2 * coll("all_reduce", head.tp_message_bytes or emb.tp_message_bytes, "tp")
-            dense += head.params_local if (s.pp > 1 or not model.tied_embeddings) else head.params_local - model.vocab * model.hidden / s.tp
-            last_saved = head.saved_bytes
-        row = dict(compute=comp, recompute=rec, tp_comm=tp_t, cp_comm=sum(c.cp for c in costs),
-                   ep_comm=sum(c.ep for c in costs), pp_comm=p2p,
-                   fwd=sum(c.fwd for c in costs), bwd=sum(c.bwd for c in costs))
-        # ZeRO-3 gathers the stage's weights for forward and backward and scatters its gradients
-        # every micro-batch, hidden behind that micro-batch's compute where possible.
-        z3 = 0.0
-        if s.zero >= 3:
-            gather = 2 * coll("all_gather", memory.WEIGHT_BYTES * dense * s.dp * s.cp, "dpcp")
-            scatter = coll("reduce_scatter", grad_bytes * dense * s.dp * s.cp, "dpcp")
-            z3 = max(0.0, gather + scatter - eff.dp_overlap_fraction * comp)
-        row["z3"] = z3
-        row["t"] = comp + rec + tp_t + row["cp_comm"] + row["ep_comm"] + p2p + z3
+        n = sum(b - a for a, b in chunks)
+        if recompute_layers is not None:
+            r = recompute_layers[i]
+        else:
+            r = n if s.recompute_layers is None else min(s.recompute_layers, n)
+        row = stage_terms(prof, i, chunks, r, paper_accounting)
         rows.append(row)
-
-        inflight = pipeline.in_flight(i, s.pp, m, s.vpp)
-        if paper_accounting:
-            gemm_w = sum(c.gemm_weights for c in costs) / s.tp
-            mem = memory.MemoryBreakdown(weights=memory.WEIGHT_BYTES * gemm_w, grads=memory.GRAD_BYTES * gemm_w,
-                                         optimizer=memory.OPTIMIZER_BYTES * gemm_w,
-                                         activations=inflight * sum(c.saved_main for c in costs), other=0.0)
-        else:
-            shards_dense = s.dp * s.cp
-            shards_expert = max(1, s.dp * s.cp // s.ep)
-            wd, gd, od = memory.state_bytes(dense, s.zero, shards_dense)
-            we, ge, oe = memory.state_bytes(expert, s.zero, shards_expert)
-            transient = max((c.saved_none - c.saved for c in costs if c.recompute and s.recompute == "full"), default=0.0)
-            acts = inflight * saved + last_saved + transient
-            prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in costs), default=0.0) if s.zero >= 3 else 0.0
-            mem = memory.MemoryBreakdown(weights=wd + we, grads=gd + ge, optimizer=od + oe, activations=acts,
-                                         other=memory.other_bytes(acts, prefetch))
-        stages.append(StageEstimate(index=i, chunks=tuple(chunks), recompute_layers=n_rec if s.recompute == "full" else 0,
-                                    time_per_microbatch_s=row["t"], memory=mem))
-        row["dense"], row["expert"] = dense, expert
-
-    pipe_s, bubble_s = pipeline.pipeline_time_s([r["t"] for r in rows], m, s.vpp)
-    dp_exposed, opt_s = 0.0, 0.0
-    for i, r in enumerate(rows):
-        grad = coll("all_reduce" if s.zero == 0 else "reduce_scatter", grad_bytes * r["dense"], "dpcp")
-        grad += coll("all_reduce" if s.zero == 0 else "reduce_scatter", grad_bytes * r["expert"], "edp")
-        gather = 0.0
-        if 1 <= s.zero <= 2:
-            gather = coll("all_gather", memory.WEIGHT_BYTES * r["dense"], "dpcp")
-            gather += coll("all_gather", memory.WEIGHT_BYTES * r["expert"], "edp")
-        if s.zero >= 3:
-            grad = gather = 0.0
-        if s.dp_overlap:
-            per_mb_bwd = r["bwd"] / max(1, 1)
-            exposed = max(0.0, grad - (eff.dp_overlap_fraction + i) * per_mb_bwd)
-            exposed += max(0.0, gather - eff.dp_overlap_fraction * r["fwd"])
-        else:
-            exposed = grad + gather
-        dp_exposed = max(dp_exposed, exposed)
-        shards = s.dp * s.cp if s.zero >= 1 else 1
-        eshards = max(1, s.dp * s.cp // s.ep) if s.zero >= 1 else 1
-        opt_s = max(opt_s, t_mem(ADAM_BYTES_PER_PARAM * (r["dense"] / shards + r["expert"] / eshards)))
-
-    worst = max(range(len(rows)), key=lambda i: rows[i]["t"])
-    w = rows[worst]
-    breakdown = {k: m * w[k] for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm")}
+        mem = memory.MemoryBreakdown(weights=float(row["weights"]), grads=float(row["grads"]),
+                                     optimizer=float(row["optim"]), activations=float(row["activations"]),
+                                     other=float(row["other"]))
+        stages.append(StageEstimate(index=i, chunks=tuple(chunks), recompute_layers=int(row["recompute_layers"]),
+                                    time_per_microbatch_s=float(row["t"]), memory=mem))
+    pipe_s, bubble_s = pipeline.pipeline_time_s([float(r["t"]) for r in rows], m, s.vpp)
+    tail_stage = max(range(len(rows)), key=lambda i: float(rows[i]["tail"]))
+    tail = rows[tail_stage]
+    worst = rows[max(range(len(rows)), key=lambda i: float(rows[i]["t"]))]
+    breakdown = {k: m * float(worst[k]) for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm")}
     breakdown["bubble"] = bubble_s
-    breakdown["dp_comm_exposed"] = dp_exposed + m * w["z3"]
-    breakdown["optimizer"] = opt_s
-    step_s = pipe_s + dp_exposed + opt_s
+    breakdown["dp_comm_exposed"] = float(tail["dp_exposed"]) + m * float(worst["z"])
+    breakdown["optimizer"] = float(tail["optimizer"])
+    step_s = pipe_s + float(tail["tail"])
 
+    gpu = cluster.gpu
+    peak = gpu.flops(setup.precision)
     flops = model_flops_per_sequence(model, setup.seq_len) * setup.global_batch
     peak_stage = max(stages, key=lambda st: st.memory.total)
+    degrees = {"tp": s.tp, "cp": s.cp, "dp": s.dp, "pp": s.pp, "ep": s.ep}
     return StepEstimate(
         step_time_s=step_s, breakdown_s={k: breakdown[k] for k in BREAKDOWN_KEYS}, memory=peak_stage.memory,
         stages=tuple(stages), model_flops_per_step=flops,
         tokens_per_s=setup.global_batch * setup.seq_len / step_s,
         model_tflops_per_gpu=flops / step_s / setup.gpus / 1e12, mfu=flops / step_s / setup.gpus / peak,
         fits=peak_stage.memory.total <= gpu.memory_bytes, capacity_bytes=gpu.memory_bytes,
-        tiers=tiers(s.order, degrees, g))
+        tiers=tiers(s.order, degrees, min(cluster.gpus_per_node, setup.gpus)))
 
 
 def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:
@@ -280,7 +369,3 @@ def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:
     ctx = Ctx(micro_batch=1, seq_len=seq_len)
     fwd = sum(layer_work(l, ctx).model_flops for l in _layers(model)) + head_work(model, ctx).model_flops
     return 3 * fwd
-
-
-def _with(ctx: Ctx, **changes) -> Ctx:
-    return replace(ctx, **changes)
