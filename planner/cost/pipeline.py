@@ -13,6 +13,8 @@ et al. 2022's p * (1 + (p-1)/(p*v)) micro-batches of the whole stage.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def split_layers(layers: int, pp: int, vpp: int) -> list[tuple[int, int]]:
     """Even split of `layers` into pp*vpp chunks [start, end); extra layers go to the middle
@@ -42,9 +44,10 @@ def pipeline_time_s(stage_times_s: list[float], microbatches: int, vpp: int) -> 
     return microbatches * worst + bubble, bubble
 
 
-def in_flight(stage: int, pp: int, microbatches: int, vpp: int) -> float:
-    """Micro-batches of the whole stage whose activations stage `stage` holds at its peak."""
+def in_flight(stage, pp: int, microbatches: int, vpp: int):
+    """Micro-batches of the whole stage whose activations stage `stage` (an int or an array of
+    them) holds at its peak."""
     if vpp == 1:
-        return float(min(pp - stage, microbatches))
-    chunks = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, microbatches * vpp)
+        return np.minimum(pp - stage, microbatches) * 1.0
+    chunks = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, microbatches * vpp)
     return chunks / vpp

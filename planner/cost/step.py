@@ -130,6 +130,14 @@ def _layers(model: ModelSpec):
     return build_layers(model)
 
 
+@lru_cache(maxsize=8)
+def _kinds(model: ModelSpec) -> tuple[tuple[Layer, ...], np.ndarray]:
+    """The distinct layer objects of the chain and, per layer, the index of its kind."""
+    kinds: dict = {}
+    index = np.array([kinds.setdefault(id(layer), (len(kinds), layer))[0] for layer in _layers(model)], dtype=int)
+    return tuple(layer for _, layer in sorted(kinds.values(), key=lambda kv: kv[0])), index
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """A strategy's per-layer prices as prefix sums over the layer chain, plus the scalars of the
@@ -175,8 +183,9 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
                                    spans["tp"], spans["cp"], spans["ep"])
         return memo[key]
 
-    base_costs = [cost_of(l, base_mode) for l in layers]
-    full_costs = [cost_of(l, "full") for l in layers]
+    kinds, kind_index = _kinds(model)
+    base_costs = [cost_of(k, base_mode) for k in kinds]
+    full_costs = [cost_of(k, "full") for k in kinds]
     rows = {
         "comp": [c.fwd + c.bwd for c in base_costs], "fwd": [c.fwd for c in base_costs],
         "bwd": [c.bwd for c in base_costs], "tp": [c.tp for c in base_costs], "cp": [c.cp for c in base_costs],
@@ -186,7 +195,7 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
         "saved_b": [c.saved for c in base_costs], "saved_f": [c.saved for c in full_costs],
         "main_b": [c.saved_main for c in base_costs], "main_f": [c.saved_main for c in full_costs],
     }
-    prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
+    prefix = {k: np.concatenate(([0.0], np.cumsum(np.asarray(v)[kind_index]))) for k, v in rows.items()}
 
     def t_gemm(flops, inten):
         return compute.gemm_time_s(flops, inten, peak, eff)
@@ -223,13 +232,14 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
                    prefix=prefix, ends=ends, p2p_s=p2p, transient_bytes=transient, prefetch_bytes=prefetch, spans=spans)
 
 
-def stage_terms(prof: Profile, i: int, chunks, recompute_layers=0, paper_accounting: bool = False) -> dict:
+def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: bool = False) -> dict:
     """Time and memory terms of pipeline stage `i` holding `chunks` [(a, b), ...] with its first
-    `recompute_layers` layers fully recomputed (recompute 'full'). a, b and recompute_layers may be
-    numpy arrays: every term is computed elementwise (the stage DP prices all ranges at once)."""
+    `recompute_layers` layers fully recomputed (recompute 'full'). i, a, b and recompute_layers may
+    be numpy arrays: every term is computed elementwise (the stage DP prices all ranges of one
+    stage at once; the search prices all stages of a split at once)."""
     s, P, E, cluster = prof.strategy, prof.prefix, prof.ends, prof.cluster
     eff = cluster.efficiency
-    last = i == s.pp - 1
+    first, last = np.equal(i, 0), np.equal(i, s.pp - 1)
 
     def total(key, lo, hi):
         return P[key][hi] - P[key][lo]
@@ -247,12 +257,10 @@ def stage_terms(prof: Profile, i: int, chunks, recompute_layers=0, paper_account
         sums["n"] = sums["n"] + (b - a)
         sums["n_rec"] = sums["n_rec"] + r
         left = left - r
-    comp, tp, dense, saved = sums["comp"], sums["tp"], sums["params"], sums["saved"]
-    if i == 0:
-        comp, tp = comp + E["emb_comp"], tp + E["emb_tp"]
-        dense, saved = dense + E["emb_params"], saved + E["emb_saved"]
-    if last:
-        comp, tp, dense = comp + E["head_comp"], tp + E["head_tp"], dense + E["head_params"]
+    comp = sums["comp"] + first * E["emb_comp"] + last * E["head_comp"]
+    tp = sums["tp"] + first * E["emb_tp"] + last * E["head_tp"]
+    dense = sums["params"] + first * E["emb_params"] + last * E["head_params"]
+    saved = sums["saved"] + first * E["emb_saved"]
 
     def coll(kind, n_bytes, group):
         return comm.collective_time_s(kind, n_bytes, prof.spans[group], cluster)
@@ -280,7 +288,7 @@ def stage_terms(prof: Profile, i: int, chunks, recompute_layers=0, paper_account
         gather = (coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp")
                   + coll("all_gather", memory.WEIGHT_BYTES * sums["expert"], "edp"))
     if s.dp_overlap:
-        bwd = sums["bwd"]
+        bwd = sums["bwd"] + sums["rec"]  # recomputation runs inside backward and hides traffic too
         exposed = (np.maximum(0.0, grad - (eff.dp_overlap_fraction + i) * bwd)
                    + np.maximum(0.0, gather - eff.dp_overlap_fraction * sums["fwd"]))
     else:
@@ -301,13 +309,43 @@ def stage_terms(prof: Profile, i: int, chunks, recompute_layers=0, paper_account
         we, ge, oe = memory.state_bytes(sums["expert"], s.zero, max(1, s.dp * s.cp // s.ep))
         weights, grads, optim = wd + we, gd + ge, od + oe
         transient = prof.transient_bytes * (sums["n_rec"] > 0)
-        acts = inflight * saved + (E["head_saved"] if last else 0.0) + transient
+        acts = inflight * saved + last * E["head_saved"] + transient
         other = memory.other_bytes(acts, prof.prefetch_bytes if s.zero >= 3 else 0.0)
     return {"t": t, "compute": comp, "recompute": sums["rec"], "tp_comm": tp, "cp_comm": sums["cp"],
             "ep_comm": sums["ep"], "pp_comm": prof.p2p_s + 0.0 * comp, "z": z, "dp_exposed": exposed,
             "optimizer": opt, "tail": exposed + opt, "weights": weights, "grads": grads, "optim": optim,
             "activations": acts, "other": other, "memory": weights + grads + optim + acts + other,
             "recompute_layers": sums["n_rec"]}
+
+
+def split_terms(prof: Profile, bounds, recompute_layers=None) -> dict:
+    """stage_terms of every stage of a split at once (arrays indexed by stage).
+    `bounds` lists pp*vpp chunks [a, b); stage i holds chunks i, i+pp, ...; `recompute_layers`
+    per stage (recompute 'full'; default: the strategy's count on every stage, or all layers)."""
+    s = prof.strategy
+    chunks = []
+    for k in range(s.vpp):
+        part = bounds[k * s.pp:(k + 1) * s.pp]
+        chunks.append((np.array([c[0] for c in part]), np.array([c[1] for c in part])))
+    sizes = sum(b - a for a, b in chunks)
+    if recompute_layers is not None:
+        r = np.asarray(recompute_layers)
+    elif s.recompute_layers is not None:
+        r = np.minimum(s.recompute_layers, sizes)
+    else:
+        r = sizes
+    return stage_terms(prof, np.arange(s.pp), chunks, r)
+
+
+def split_step(terms: dict, microbatches: int, vpp: int) -> tuple[float, float, int, int]:
+    """(step time, pipeline bubble, bottleneck stage, tail stage) of a split's terms.
+    Step = m * max_i t_i + (sum_i t_i - max_i t_i) / v + max_i (exposed DP_i + optimizer_i)."""
+    times = [float(x) for x in terms["t"]]
+    tails = [float(x) for x in np.broadcast_to(terms["tail"], len(times))]
+    pipe_s, bubble_s = pipeline.pipeline_time_s(times, microbatches, vpp)
+    worst = max(range(len(times)), key=times.__getitem__)
+    tail = max(range(len(tails)), key=tails.__getitem__)
+    return pipe_s + tails[tail], bubble_s, worst, tail
 
 
 def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy,
@@ -317,37 +355,32 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     `recompute_layers` gives per stage how many layers recompute fully (recompute 'full'; default
     s.recompute_layers on every stage, or all of them). `paper_accounting` restricts memory to
     Korthikanti 2022's: 18 bytes per GEMM weight of the transformer layers and the saved
-    activations of Table 2, nothing else.
-
-    Step = m * max_i t_i + (sum_i t_i - max_i t_i) / v + max_i (exposed DP_i + optimizer_i)."""
+    activations of Table 2, nothing else. Step time: `split_step`."""
     check_strategy(s, model, setup)
     prof = profile(model, cluster, setup, s)
-    bounds = bounds or pipeline.split_layers(len(_layers(model)), s.pp, s.vpp)
-    per_stage = pipeline.stage_chunks(bounds, s.pp)
+    bounds = list(bounds or pipeline.split_layers(len(_layers(model)), s.pp, s.vpp))
+    if paper_accounting:
+        per_stage = pipeline.stage_chunks(bounds, s.pp)
+        rows = [stage_terms(prof, i, c, sum(b - a for a, b in c), True) for i, c in enumerate(per_stage)]
+        terms = {k: np.array([np.broadcast_to(r[k], ()) for r in rows]) for k in rows[0]}
+    else:
+        terms = split_terms(prof, bounds, recompute_layers)
     m = prof.microbatches
-    rows, stages = [], []
-    for i, chunks in enumerate(per_stage):
-        n = sum(b - a for a, b in chunks)
-        if recompute_layers is not None:
-            r = recompute_layers[i]
-        else:
-            r = n if s.recompute_layers is None else min(s.recompute_layers, n)
-        row = stage_terms(prof, i, chunks, r, paper_accounting)
-        rows.append(row)
-        mem = memory.MemoryBreakdown(weights=float(row["weights"]), grads=float(row["grads"]),
-                                     optimizer=float(row["optim"]), activations=float(row["activations"]),
-                                     other=float(row["other"]))
-        stages.append(StageEstimate(index=i, chunks=tuple(chunks), recompute_layers=int(row["recompute_layers"]),
-                                    time_per_microbatch_s=float(row["t"]), memory=mem))
-    pipe_s, bubble_s = pipeline.pipeline_time_s([float(r["t"]) for r in rows], m, s.vpp)
-    tail_stage = max(range(len(rows)), key=lambda i: float(rows[i]["tail"]))
-    tail = rows[tail_stage]
-    worst = rows[max(range(len(rows)), key=lambda i: float(rows[i]["t"]))]
-    breakdown = {k: m * float(worst[k]) for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm")}
+    step_s, bubble_s, worst, tail = split_step(terms, m, s.vpp)
+
+    def at(key, i):
+        return float(np.broadcast_to(terms[key], (s.pp,))[i])
+
+    stages = []
+    for i, chunks in enumerate(pipeline.stage_chunks(bounds, s.pp)):
+        mem = memory.MemoryBreakdown(weights=at("weights", i), grads=at("grads", i), optimizer=at("optim", i),
+                                     activations=at("activations", i), other=at("other", i))
+        stages.append(StageEstimate(index=i, chunks=tuple(chunks), recompute_layers=int(at("recompute_layers", i)),
+                                    time_per_microbatch_s=at("t", i), memory=mem))
+    breakdown = {k: m * at(k, worst) for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm")}
     breakdown["bubble"] = bubble_s
-    breakdown["dp_comm_exposed"] = float(tail["dp_exposed"]) + m * float(worst["z"])
-    breakdown["optimizer"] = float(tail["optimizer"])
-    step_s = pipe_s + float(tail["tail"])
+    breakdown["dp_comm_exposed"] = at("dp_exposed", tail) + m * at("z", worst)
+    breakdown["optimizer"] = at("optimizer", tail)
 
     gpu = cluster.gpu
     peak = gpu.flops(setup.precision)
@@ -363,6 +396,7 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
         tiers=tiers(s.order, degrees, min(cluster.gpus_per_node, setup.gpus)))
 
 
+@lru_cache(maxsize=64)
 def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:
     """Model FLOPs of one training sequence: 3x the forward (backward = 2x forward) of every layer
     with attention scores counted in full, plus the LM head (Korthikanti 2022 App. A; DESIGN.md)."""

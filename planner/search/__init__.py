@@ -1,0 +1,1 @@
+"""The strategy search: legal spaces (space), stage split DP (stages), ILPs (ilp), driver."""

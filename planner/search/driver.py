@@ -1,0 +1,308 @@
+"""The search: enumerate -> bound -> price -> split (DP) -> recompute (ILP) -> ranked plans.
+
+Branch and bound over the outer choices (degrees, micro-batch, interleaving, ZeRO, recompute
+mode, rank order). Every choice gets a lower bound on its step time that holds for every stage
+split and every recompute count:
+    step >= (m - 1/v) * max_i t_i + sum_i t_i / v >= ((m - 1/v) / p + 1/v) * sum_i t_i,
+where sum_i t_i (all layers, the embedding, the head, every stage's p2p; no recomputation for
+'full', which the ILP may reduce to zero layers) does not depend on the split; and a memory floor
+(states and least activations of all layers, averaged over the stages) that every split exceeds
+somewhere. Choices are priced in order of their bound; the search stops when the next bound is
+no better than the best plan that fits, so what it returns is the best in the space of
+search/space.py under the cost model, with each split from the exact DP (search/stages.py) and
+each recompute count from the ILP (search/ilp.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.cost import comm, compute, memory
+from planner.cost.step import (ADAM_BYTES_PER_PARAM, StepEstimate, estimate, profile, split_step, split_terms,
+                                stage_terms)
+from planner.cost.pipeline import split_layers, stage_chunks
+from planner.errors import PlannerError, SpecError
+from planner.search import ilp, space, stages
+from planner.spec.hardware import Cluster
+from planner.spec.model import ModelSpec
+from planner.spec.training import Strategy, TrainingSetup, strategy_problems
+
+TRACE = None
+MAX_STAGE_FACTOR = 2
+"""a stage holds at most MAX_STAGE_FACTOR * ceil(layers / pp) layers (part of the stated space)"""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    strategy: Strategy
+    bounds: tuple[tuple[int, int], ...]
+    recompute_layers: tuple[int, ...] | None
+    step_time_s: float
+    peak_memory_bytes: float
+    fits: bool
+
+    def estimate(self, model: ModelSpec, cluster: Cluster, setup: TrainingSetup) -> StepEstimate:
+        """The full estimate (breakdowns, stages) of this candidate; same step time."""
+        return estimate(model, cluster, setup, self.strategy, bounds=list(self.bounds),
+                        recompute_layers=self.recompute_layers)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    best: Candidate | None
+    alternatives: tuple[Candidate, ...]
+    closest: Candidate | None
+    """the candidate that missed the memory limit by the least, when nothing fits"""
+    considered: int
+    pruned_memory: int
+    pruned_bound: int
+    priced: int
+    programmes: int
+    ilp_solves: int
+    proven_optimal: bool
+    elapsed_s: float
+    stats: dict = field(default_factory=dict, hash=False)
+
+
+def _outer(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict, rules: space.RuntimeRules):
+    """Yield the outer choices without vpp and zero (they only change cheap terms of the bound)."""
+    for tp, cp, pp, dp in space.degree_tuples(model, cluster, setup, fixed, rules):
+        for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
+            for mb in space._allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch")):
+                for mode in space._allowed(space.RECOMPUTES, fixed.get("recompute")):
+                    for order in (space.ORDERS if "order" not in fixed else (fixed["order"],)):
+                        sp = fixed.get("sequence_parallel", tp > 1)
+                        yield dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=mb, recompute=mode,
+                                   order=order, sequence_parallel=sp, dp_overlap=fixed.get("dp_overlap", True))
+
+
+def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict | None = None,
+           solver: str = "highs", time_limit_s: float = 10.0, top: int = 3, progress=None) -> SearchResult:
+    """Best strategy in the space of search/space.py honouring the `fixed` knobs."""
+    start = time.perf_counter()
+    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    rules = space.RUNTIME_RULES[setup.runtime]
+    cap = cluster.gpu.memory_bytes
+    heap, considered, pruned_memory = [], 0, 0
+    seen_spans: set = set()
+    for knobs in _outer(model, cluster, setup, fixed, rules):
+        m = setup.global_batch // (knobs["dp"] * knobs["micro_batch"])
+        vpps = space.vpp_options(model, knobs["pp"], m, fixed.get("vpp"), rules)
+        zeros = [z for z in (rules.zero_with_pp if knobs["pp"] > 1 else rules.zero)
+                 if fixed.get("zero") is None or z == fixed["zero"]]
+        considered += len(vpps) * len(zeros)
+        if not vpps or not zeros:
+            continue
+        probe = Strategy(**knobs, zero=0, vpp=1)
+        if strategy_problems(probe, model, setup):
+            continue
+        prof = profile(model, cluster, setup, probe)
+        signature = (knobs["tp"], knobs["cp"], knobs["pp"], knobs["dp"], knobs["ep"], knobs["micro_batch"],
+                     knobs["recompute"], tuple(sorted(prof.spans.items())))
+        if signature in seen_spans:  # another rank order that places every group alike
+            continue
+        seen_spans.add(signature)
+        P, E, L = prof.prefix, prof.ends, model.layers
+        total = (P["comp"][L] + P["rec_b"][L] + P["tp"][L] + P["cp"][L] + P["ep"][L]
+                 + E["emb_comp"] + E["emb_tp"] + E["head_comp"] + E["head_tp"])
+        dense, expert = P["params"][L] + E["emb_params"] + E["head_params"], P["expert"][L]
+        per_layer_saved = np.diff(P["saved_f" if knobs["recompute"] == "full" else "saved_b"]).min()
+        per_layer_params = np.diff(P["params"] + P["expert"]).min()
+        pp, shards = knobs["pp"], knobs["dp"] * knobs["cp"]
+        eshards = max(1, shards // knobs["ep"])
+        for zero in zeros:
+            opt_floor = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / (shards if zero else 1) + expert
+                                                                        / (eshards if zero else 1)) / pp,
+                                              cluster.gpu.hbm_Bps, cluster.efficiency)
+            per_layer_state = sum(memory.state_bytes(per_layer_params, zero, eshards if knobs["ep"] > 1 else shards))
+            zfloor = 0.0
+            if zero >= 2:
+                # sum_i max(0, x_i) >= max(0, sum_i x_i): ZeRO-2/3 per-micro-batch traffic not hidden
+                traffic = _zero_traffic(prof, zero, dense, expert)
+                zfloor = max(0.0, traffic - cluster.efficiency.dp_overlap_fraction * (P["comp"][L] + E["emb_comp"]
+                                                                                       + E["head_comp"]))
+            for v in vpps:
+                floor = _memory_floor(per_layer_state, per_layer_saved, L, pp, m, v)
+                if floor + memory.RUNTIME_RESERVED_BYTES > cap:
+                    pruned_memory += 1
+                    continue
+                sigma = total + pp * prof.p2p_s * v + zfloor
+                bound = ((m - 1.0 / v) / pp + 1.0 / v) * sigma + opt_floor
+                heapq.heappush(heap, (bound, len(heap), knobs, v, zero))
+    if progress:
+        progress(0, len(heap), "pricing")
+
+    best: Candidate | None = None
+    closest: Candidate | None = None
+    pool: list[Candidate] = []
+    priced = programmes = ilp_solves = 0
+    optimal = True
+    pruned_bound = 0
+    while heap:
+        bound, _, knobs, v, zero = heapq.heappop(heap)
+        if best is not None and bound >= best.step_time_s:
+            pruned_bound = len(heap) + 1
+            break
+        s = Strategy(**knobs, zero=zero, vpp=v, schedule="interleaved-1f1b" if v > 1 else "1f1b",
+                     recompute_layers=fixed.get("recompute_layers"))
+        if strategy_problems(s, model, setup):
+            continue
+        found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s)
+        if TRACE is not None:
+            TRACE.append((bound, [(c.step_time_s, c.fits) for c in found], s))
+        priced += 1
+        programmes += stats["programmes"]
+        ilp_solves += stats["ilp"]
+        optimal &= stats["optimal"]
+        for cand in found:
+            if cand.fits:
+                pool.append(cand)
+                if best is None or cand.step_time_s < best.step_time_s:
+                    best = cand
+            elif closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
+                closest = cand
+        if progress and priced % 16 == 0:
+            progress(priced, priced + len(heap), "pricing")
+    pool.sort(key=lambda c: (c.step_time_s, _key(c.strategy)))
+    seen, alternatives = {_key(best.strategy)} if best else set(), []
+    for cand in pool:
+        if len(alternatives) >= top:
+            break
+        if _key(cand.strategy) not in seen:
+            seen.add(_key(cand.strategy))
+            alternatives.append(cand)
+    return SearchResult(best=best, alternatives=tuple(alternatives), closest=closest, considered=considered,
+                        pruned_memory=pruned_memory, pruned_bound=pruned_bound, priced=priced,
+                        programmes=programmes, ilp_solves=ilp_solves, proven_optimal=optimal,
+                        elapsed_s=time.perf_counter() - start)
+
+
+def _zero_traffic(prof, zero: int, dense: float, expert: float) -> float:
+    """ZeRO-2/3 collectives of one micro-batch over all the model's parameters (stage_terms' z)."""
+    def coll(kind, n_bytes, group):
+        return comm.collective_time_s(kind, n_bytes, prof.spans[group], prof.cluster)
+    total = coll("reduce_scatter", prof.grad_bytes * dense, "dpcp") + coll("reduce_scatter", prof.grad_bytes * expert, "edp")
+    if zero >= 3:
+        total += 2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp") + 2 * coll("all_gather", memory.WEIGHT_BYTES * expert, "edp")
+    return total
+
+
+def _memory_floor(state: float, saved: float, layers: int, pp: int, m: int, v: int) -> float:
+    """Least peak memory of any split: stage i with n_i layers holds n_i * (state + k_i * saved),
+    k_i its in-flight micro-batches; the continuous relaxation equalises the stages, so the peak
+    is at least layers / sum_i 1 / (state + k_i * saved) (per-layer minima of the model)."""
+    from planner.cost.pipeline import in_flight
+    return layers / float(np.sum(1.0 / (state + in_flight(np.arange(pp), pp, m, v) * saved)))
+
+
+def _key(s: Strategy) -> tuple:
+    return (s.dp, s.tp, s.pp, s.cp, s.ep, s.vpp, s.micro_batch, s.zero, s.recompute, s.order, s.sequence_parallel)
+
+
+def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s) -> tuple[list[Candidate], dict]:
+    """The even split, and for 1F1B the DP's split; recompute counts by the ILP for 'full'."""
+    stats = {"programmes": 0, "ilp": 0, "optimal": True}
+    prof = profile(model, cluster, setup, s)
+    splits = [tuple(split_layers(model.layers, s.pp, s.vpp))]
+    if s.pp > 1 and s.vpp == 1 and rules.uneven_split != "none":
+        best = _dp_split(prof, rules, cluster.gpu.memory_bytes)
+        if best is not None:
+            stats["programmes"] += best.programmes
+            stats["optimal"] &= best.exhaustive
+            if best.bounds != splits[0]:
+                splits.append(best.bounds)
+    out = []
+    for bounds in splits:
+        counts = None
+        if s.recompute == "full" and s.recompute_layers is None:
+            result = _recompute(prof, bounds, rules, cluster.gpu.memory_bytes, solver, time_limit_s)
+            stats["ilp"] += 1
+            if result is not None:
+                counts = result.recompute_layers
+                stats["optimal"] &= result.optimal
+        terms = split_terms(prof, list(bounds), counts)
+        step = split_step(terms, prof.microbatches, s.vpp)[0]
+        peak = float(np.max(terms["memory"]))
+        out.append(Candidate(strategy=s, bounds=bounds, recompute_layers=counts, step_time_s=step,
+                             peak_memory_bytes=peak, fits=peak <= cluster.gpu.memory_bytes))
+    return out, stats
+
+
+def _dp_split(prof, rules, cap) -> stages.Split | None:
+    """Banded cost tables of every stage position and layer range, then the exact DP (1F1B)."""
+    s, L = prof.strategy, prof.model.layers
+    width = min(L, MAX_STAGE_FACTOR * -(-L // s.pp))
+    a = np.repeat(np.arange(L + 1), width)
+    n = np.tile(np.arange(1, width + 1), L + 1)
+    keep = a + n <= L
+    a, n = a[keep], n[keep]
+    shape = (s.pp, L + 1, width)
+    t, tail = np.full(shape, np.inf), np.full(shape, np.inf)
+    ok = np.zeros(shape, dtype=bool)
+    for i in range(s.pp):
+        terms = stage_terms(prof, i, [(a, a + n)], n)
+        t[i, a, n - 1] = terms["t"]
+        tail[i, a, n - 1] = terms["tail"] * np.ones(len(a))
+        # with 'full' the ILP picks the counts afterwards; the DP splits for full recomputation
+        ok[i, a, n - 1] = terms["memory"] <= cap
+    if rules.uneven_split == "ends" and s.pp > 2:
+        return _ends_split(t, tail, ok, prof.microbatches, L)
+    return stages.best_split(t, tail, ok, prof.microbatches)
+
+
+def _ends_split(t, tail, ok, m, L) -> stages.Split | None:
+    """Megatron's uneven split: first and last stage free, the middle stages equal."""
+    p, width = t.shape[0], t.shape[2]
+    best = None
+    for first in range(1, min(L, width + 1)):
+        for last in range(1, min(L - first, width + 1)):
+            rest = L - first - last
+            if rest <= 0 or rest % (p - 2) or rest // (p - 2) > width:
+                continue
+            k = rest // (p - 2)
+            cuts = [0, first] + [first + k * j for j in range(1, p - 1)] + [L]
+            bounds = tuple(zip(cuts[:-1], cuts[1:]))
+            cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
+            if not all(ok[c] for c in cells):
+                continue
+            times = [t[c] for c in cells]
+            step = (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells)
+            if best is None or step < best.step_s:
+                best = stages.Split(bounds=bounds, step_s=float(step), programmes=0, exhaustive=True)
+    return best
+
+
+def _recompute(prof, bounds, rules, cap, solver, time_limit_s) -> ilp.IlpResult | None:
+    """Per stage, every feasible count of fully recomputed layers, then the ILP."""
+    s = prof.strategy
+    per_stage = stage_chunks(list(bounds), s.pp)
+    options, counts = [], []
+    for i, chunks in enumerate(per_stage):
+        n = sum(hi - lo for lo, hi in chunks)
+        r = np.arange(n + 1)
+        terms = stage_terms(prof, i, chunks, r)
+        fits = np.asarray(terms["memory"] <= cap) * np.ones(n + 1, dtype=bool)
+        t = np.asarray(terms["t"]) * np.ones(n + 1)
+        tail = np.asarray(terms["tail"]) * np.ones(n + 1)
+        options.append({int(k): (float(t[k]), float(tail[k])) for k in r if fits[k]})
+        counts.append(n)
+    uniform = counts if rules.uniform_recompute else None
+    if all(options):
+        # Each stage's least feasible count is optimal unless recomputing more on the stage with
+        # the largest tail could shrink that tail (the only coupling): if its tail cannot drop, no
+        # other choice lowers T, sum t or U, and no ILP is needed.
+        least = tuple(min(o) for o in options)
+        tails = [o[r][1] for o, r in zip(options, least)]
+        top = max(range(len(options)), key=tails.__getitem__)
+        stuck = min(v[1] for v in options[top].values()) >= tails[top]
+        if stuck and (uniform is None or len(set(least)) == 1):
+            times = [o[r][0] for o, r in zip(options, least)]
+            tails = [o[r][1] for o, r in zip(options, least)]
+            step = (prof.microbatches - 1.0 / s.vpp) * max(times) + sum(times) / s.vpp + max(tails)
+            return ilp.IlpResult(recompute_layers=least, objective=step, optimal=True)
+    return ilp.recompute_ilp(options, prof.microbatches, s.vpp, uniform=uniform, solver=solver,
+                             time_limit_s=time_limit_s)

@@ -1,0 +1,130 @@
+"""Integer programmes (pulp models) for coupled discrete choices, solved in process by HiGHS
+(scipy.optimize.milp) or by CBC through pulp (`--solver cbc`, a subprocess per solve).
+
+recompute_ilp: how many layers of each pipeline stage recompute fully. With x[i, r] = 1 when
+stage i recomputes r layers (one-hot per stage; r ranging over the values that fit in memory),
+    minimise  (m - 1/v) * T + (1/v) * sum_i sum_r x[i,r] t_i(r) + U
+    s.t.      T >= sum_r x[i,r] t_i(r),  U >= sum_r x[i,r] tail_i(r)   for every stage i,
+the cost model's step time (cost/pipeline.py). The stages couple through T and U: recomputing
+more on a stage that is not the bottleneck lengthens its backward, which hides more of its
+data-parallel reduction (a lower tail), at the price of sum t / v; choosing each stage's
+cheapest feasible r on its own misses that. With `uniform` (Megatron: one recompute-num-layers
+for every stage) a one-hot y[R] picks R and stage i takes min(R, n_i).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pulp
+
+from planner.errors import SolverError
+
+SOLVERS = ("highs", "cbc")
+
+
+@dataclass(frozen=True, slots=True)
+class IlpResult:
+    recompute_layers: tuple[int, ...]
+    objective: float
+    optimal: bool
+    """False when the time limit stopped the solver before it proved optimality"""
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Solvers may print banners on file descriptor 1; stdout belongs to the JSON document."""
+    fd = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(fd, 1)
+        os.close(fd)
+
+
+def _solve_highs(prob: pulp.LpProblem, time_limit_s: float) -> tuple[dict, bool]:
+    """Solve a pulp model with HiGHS in process (scipy.optimize.milp): no subprocess, no output."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    variables = prob.variables()
+    index = {v.name: k for k, v in enumerate(variables)}
+    c = np.zeros(len(variables))
+    for var, coef in prob.objective.items():
+        c[index[var.name]] = coef
+    rows, lo, hi = [], [], []
+    for con in prob.constraints.values():
+        row = np.zeros(len(variables))
+        for var, coef in con.items():
+            row[index[var.name]] = coef
+        rhs = -con.constant
+        rows.append(row)
+        lo.append(rhs if con.sense in (pulp.LpConstraintEQ, pulp.LpConstraintGE) else -np.inf)
+        hi.append(rhs if con.sense in (pulp.LpConstraintEQ, pulp.LpConstraintLE) else np.inf)
+    integrality = np.array([1 if v.cat == pulp.LpInteger else 0 for v in variables])
+    bounds = Bounds([-np.inf if v.lowBound is None else v.lowBound for v in variables],
+                    [np.inf if v.upBound is None else v.upBound for v in variables])
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=integrality, bounds=bounds,
+               options={"time_limit": time_limit_s, "disp": False})
+    if res.x is None:
+        raise SolverError(f"HiGHS found no solution ({res.message})")
+    return {v.name: res.x[index[v.name]] for v in variables}, res.status == 0
+
+
+def solve(prob: pulp.LpProblem, solver: str, time_limit_s: float) -> tuple[dict, bool]:
+    """Values of the model's variables and whether they are proven optimal."""
+    if solver == "highs":
+        return _solve_highs(prob, time_limit_s)
+    if solver == "cbc":
+        with _quiet_stdout():
+            status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
+        if pulp.LpStatus[status] not in ("Optimal", "Not Solved") or prob.sol_status not in (1, 2):
+            raise SolverError(f"CBC found no solution (status {pulp.LpStatus[status]})")
+        return {v.name: v.value() for v in prob.variables()}, prob.sol_status == 1
+    raise SolverError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
+
+
+def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: int, vpp: int,
+                  uniform: list[int] | None = None, solver: str = "highs",
+                  time_limit_s: float = 10.0) -> IlpResult | None:
+    """options[i][r] = (t_i(r), tail_i(r)) for every r that fits stage i; None if a stage has none
+    (or, with `uniform` = the layer count of each stage, no single R fits every stage)."""
+    if any(not o for o in options):
+        return None
+    prob = pulp.LpProblem("recompute", pulp.LpMinimize)
+    T = pulp.LpVariable("T", lowBound=0)
+    U = pulp.LpVariable("U", lowBound=0)
+    x = {(i, r): pulp.LpVariable(f"x_{i}_{r}", cat=pulp.LpBinary) for i, o in enumerate(options) for r in o}
+    prob += (microbatches - 1.0 / vpp) * T + U + (1.0 / vpp) * pulp.lpSum(
+        x[i, r] * o[r][0] for i, o in enumerate(options) for r in o)
+    for i, o in enumerate(options):
+        prob += pulp.lpSum(x[i, r] for r in o) == 1, f"one_r_{i}"
+        prob += T >= pulp.lpSum(x[i, r] * o[r][0] for r in o), f"bottleneck_{i}"
+        prob += U >= pulp.lpSum(x[i, r] * o[r][1] for r in o), f"tail_{i}"
+    if uniform is not None:
+        top = max(uniform)
+        y = {R: pulp.LpVariable(f"y_{R}", cat=pulp.LpBinary) for R in range(top + 1)}
+        prob += pulp.lpSum(y.values()) == 1, "one_R"
+        for i, (o, n) in enumerate(zip(options, uniform)):
+            for r in range(n + 1):
+                same = pulp.lpSum(y[R] for R in y if min(R, n) == r)
+                prob += (x[i, r] if r in o else 0) == same, f"uniform_{i}_{r}"
+    try:
+        values, optimal = solve(prob, solver, time_limit_s)
+    except SolverError:
+        if uniform is not None:
+            return None  # no single R fits every stage
+        raise
+    chosen = tuple(max((r for r in o if values[x[i, r].name] > 0.5), default=min(o)) for i, o in enumerate(options))
+    return IlpResult(recompute_layers=chosen, objective=_objective(options, chosen, microbatches, vpp),
+                     optimal=optimal)
+
+
+def _objective(options, chosen, microbatches: int, vpp: int) -> float:
+    times = [options[i][r][0] for i, r in enumerate(chosen)]
+    tails = [options[i][r][1] for i, r in enumerate(chosen)]
+    return (microbatches - 1.0 / vpp) * max(times) + sum(times) / vpp + max(tails)

@@ -1,0 +1,114 @@
+"""The search space: legal degree tuples and knob domains, as generators that encode the rules.
+
+What the search enumerates (and so what "best" is relative to):
+- tp: divides heads, tp and kv_heads divide one another, tp <= GPUs per node (a tp group
+  across nodes is never competitive: every layer would all-reduce over the NICs);
+- cp: divides the sequence, each rank keeps at least MIN_CP_TOKENS tokens;
+- pp: at most the layers; dp = GPUs / (tp*cp*pp), and dp divides the global batch;
+- ep (MoE only): divides experts and dp*cp;
+- micro_batch: divides global_batch / dp;
+- vpp: 1, or 2..MAX_VPP with pp*vpp <= layers and the micro-batches a multiple of pp;
+- zero 0-3; recompute none | selective | full (full: the ILP then picks per stage how many
+  layers to recompute); sequence parallel on whenever tp > 1 (it never costs time in the cost
+  model and saves memory); rank order tp-cp-ep-dp-pp or tp-cp-ep-pp-dp.
+Runtimes restrict the space (RUNTIME_RULES); every flag the user fixed is a constraint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.spec.hardware import Cluster
+from planner.spec.model import ModelSpec
+from planner.spec.training import TrainingSetup
+
+MIN_CP_TOKENS = 512
+MAX_VPP = 8
+ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
+RECOMPUTES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeRules:
+    """What a training runtime can execute."""
+
+    zero: tuple[int, ...]
+    zero_with_pp: tuple[int, ...]
+    interleaving: bool
+    even_chunks: bool
+    """virtual chunks must hold equal layer counts"""
+    uneven_split: str
+    """'any' (any contiguous split), 'ends' (only the first and last stage differ), 'none'"""
+    uniform_recompute: bool
+    """one recompute-num-layers for every stage"""
+    context_parallel: bool
+    expert_parallel: bool
+    note: str
+
+
+RUNTIME_RULES: dict[str, RuntimeRules] = {
+    "any": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", False, True, True,
+                        "no runtime restriction"),
+    "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", True, True, True,
+                             "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
+                             "for all stages; uneven split only on the first/last stage; equal virtual chunks"),
+    "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", True, False, True,
+                              "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
+                              "parallelism, even split"),
+    "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", True, True, True,
+                               "torchtitan: FSDP2 (ZeRO-3) or replication, one activation-checkpoint policy"),
+}
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _allowed(values, fixed):
+    return [v for v in values if fixed is None or v == fixed]
+
+
+def tp_options(model: ModelSpec, cluster: Cluster, gpus: int, fixed: int | None) -> list[int]:
+    if model.is_graph:
+        return _allowed([1], fixed)
+    limit = gpus if fixed is not None else min(gpus, cluster.gpus_per_node)
+    return _allowed([t for t in divisors(gpus) if t <= limit and model.heads % t == 0
+                     and (model.kv_heads % t == 0 or t % model.kv_heads == 0)], fixed)
+
+
+def cp_options(model: ModelSpec, setup: TrainingSetup, rest: int, fixed: int | None, rules: RuntimeRules) -> list[int]:
+    if model.is_graph or not rules.context_parallel:
+        return _allowed([1], fixed)
+    return _allowed([c for c in divisors(rest) if setup.seq_len % c == 0
+                     and (c == 1 or setup.seq_len // c >= MIN_CP_TOKENS)], fixed)
+
+
+def degree_tuples(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict, rules: RuntimeRules):
+    """Yield (tp, cp, pp, dp) with tp*cp*pp*dp = GPUs that obey the rules and the constraints."""
+    gpus = setup.gpus
+    for tp in tp_options(model, cluster, gpus, fixed.get("tp")):
+        for cp in cp_options(model, setup, gpus // tp, fixed.get("cp"), rules):
+            rest = gpus // (tp * cp)
+            for pp in _allowed(divisors(rest), fixed.get("pp")):
+                dp = rest // pp
+                if pp > model.layers or setup.global_batch % dp or ("dp" in fixed and fixed["dp"] != dp):
+                    continue
+                yield tp, cp, pp, dp
+
+
+def ep_options(model: ModelSpec, dp: int, cp: int, fixed: int | None, rules: RuntimeRules) -> list[int]:
+    if model.moe is None or not rules.expert_parallel:
+        return _allowed([1], fixed)
+    return _allowed([e for e in divisors(math.gcd(model.moe.experts, dp * cp))], fixed)
+
+
+def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None, rules: RuntimeRules) -> list[int]:
+    def legal(v: int) -> bool:
+        return v == 1 or (pp > 1 and rules.interleaving and microbatches % pp == 0 and pp * v <= model.layers
+                          and (not rules.even_chunks or model.layers % (pp * v) == 0))
+
+    if fixed is not None:  # a constraint may go beyond MAX_VPP
+        return [fixed] if legal(fixed) else []
+    return [v for v in range(1, MAX_VPP + 1) if legal(v)]
