@@ -37,7 +37,7 @@ def _setup_options(f):
     opts = [
         click.option("--model", "-m", "model_ref", required=True, help="preset name, our YAML, or a config.json"),
         click.option("--cluster", "-c", "cluster_ref", required=True, help="preset name or cluster YAML"),
-        click.option("--gpus", type=int, required=True, help="number of GPUs"),
+        click.option("--gpus", required=True, help="GPU count (plan: also a list 512,1024 or a range 512-4096)"),
         click.option("--global-batch", type=int, required=True, help="sequences per step"),
         click.option("--seq-len", type=int, help="sequence length (default: the model's)"),
         click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
@@ -69,10 +69,16 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
     from planner.plan import build_plan, dumps, write_atomic
     from planner.spec.hardware import load_cluster
     from planner.spec.model import load_model
-    from planner.spec.training import TrainingSetup, resolve_strategy
+    from planner.errors import SpecError
+    from planner.spec.training import TrainingSetup, check_gpu_count, resolve_strategy
 
     model = load_model(model_ref)
     cluster = load_cluster(cluster_ref)
+    try:
+        gpus = int(gpus)
+    except ValueError:
+        raise SpecError(f"--gpus {gpus!r}: estimate prices one GPU count (plan sweeps lists and ranges)") from None
+    check_gpu_count(gpus, cluster.gpus_per_node)
     setup = TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len,
                           precision=precision, attention=attention, runtime=runtime)
     constraints = {k: v for k, v in knobs.items() if v is not None}
@@ -160,6 +166,84 @@ def calibrate(runs_file, cluster_name, output):
     write_atomic(Path(output), with_efficiency(base, efficiency_yaml(result, label)))
     report.fit_table(result)
     report.err.print(f"cluster preset written to {output}")
+
+
+@cli.command()
+@_setup_options
+@_strategy_options
+@click.option("--solver", type=click.Choice(["highs", "cbc"]), default="highs", show_default=True,
+              help="ILP solver (HiGHS in process; CBC as a subprocess)")
+@click.option("--time-limit", "time_limit_s", type=float, default=10.0, show_default=True,
+              help="seconds per ILP solve")
+@click.option("--top", type=click.IntRange(0, 50), default=3, show_default=True, help="runners-up to keep")
+@click.option("--ranks", "show_ranks", is_flag=True, help="also list the rank groups of the plan")
+@click.option("--json", "as_json", is_flag=True, help="print exactly one JSON document on stdout")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here (atomically)")
+def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, solver, time_limit_s,
+         top, show_ranks, as_json, output, **knobs):
+    """Search the strategy space and write the best plan (strategy flags are constraints)."""
+    from planner import report
+    from planner.errors import InfeasibleError
+    from planner.plan import dumps, sweep_document, write_atomic
+    from planner.planning import make_plan
+    from planner.spec.hardware import load_cluster
+    from planner.spec.model import load_model
+    from planner.spec.training import parse_gpu_counts
+
+    model = load_model(model_ref)
+    cluster = load_cluster(cluster_ref)
+    counts = parse_gpu_counts(gpus, cluster.gpus_per_node)
+    constraints = {k: v for k, v in knobs.items() if v is not None}
+    request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len or model.seq_len,
+                   precision=precision, attention=attention, runtime=runtime, constraints=constraints,
+                   solver=solver, time_limit_s=time_limit_s, top=top)
+    if len(counts) == 1 and "," not in gpus and "-" not in gpus:
+        with report.progress("searching", delay_s=1.0) as step:
+            doc = make_plan(gpus=counts[0], progress=step, **request)
+    else:
+        entries = []
+        with report.progress("sweeping", delay_s=1.0) as step:
+            for k, n in enumerate(counts):
+                step(k, len(counts), f"{n} GPUs")
+                try:
+                    entries.append({"gpus": n, "plan": make_plan(gpus=n, **request)})
+                except (InfeasibleError, PlannerError) as e:
+                    entries.append({"gpus": n, "infeasible": str(e)})
+        doc = sweep_document(entries)
+        if not any("plan" in e for e in entries):
+            raise InfeasibleError("no GPU count of the sweep has a feasible plan: "
+                                  + "; ".join(f"{e['gpus']}: {e['infeasible']}" for e in entries[:5]))
+    text = dumps(doc)
+    if output:
+        write_atomic(output, text)
+    if as_json:
+        click.echo(text, nl=False)
+    elif doc["schema"] == "planner.sweep/v1":
+        report.sweep_table(doc)
+    else:
+        report.plan_table(doc)
+        if show_ranks:
+            report.ranks_table(doc)
+    if output and not as_json:
+        report.err.print(f"written to {output}")
+
+
+@cli.command()
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the rank groups as JSON on stdout")
+def ranks(plan_file, as_json):
+    """List the explicit rank groups of a plan (tp, cp, ep, dp, pp)."""
+    import json
+
+    from planner import report
+    from planner.plan import read_plan, rank_groups_of
+
+    doc = read_plan(plan_file)
+    groups = rank_groups_of(doc)
+    if as_json:
+        click.echo(json.dumps(groups, indent=2, sort_keys=True))
+    else:
+        report.ranks_table(doc, groups)
 
 
 @cli.command("models")

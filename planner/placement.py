@@ -86,3 +86,26 @@ def tiers(order: str, degrees: dict[str, int], gpus_per_node: int) -> dict[str, 
         if degrees[dim] > 1:
             out[dim] = span(order, degrees, (dim,), gpus_per_node).tier
     return out
+
+
+def rank_groups(order: str, degrees: dict[str, int], dim: str) -> list[list[int]]:
+    """Every group of `dim` ('tp', 'cp', 'dp', 'pp', or 'ep' carved from dp*cp), as rank lists.
+    Rank = sum over dims of index * stride, strides by the order (innermost first)."""
+    st = strides(order, degrees)
+    total = degrees["tp"] * degrees["cp"] * degrees["dp"] * degrees["pp"]
+    if dim == "ep":
+        # the expert group: the innermost ep ranks of the dp*cp block (Megatron's expert order)
+        step = min(st["dp"], st["cp"]) if degrees["cp"] > 1 else st["dp"]
+        members = [i * step for i in range(degrees["ep"])]
+    else:
+        members = [i * st[dim] for i in range(degrees[dim])]
+    groups, seen = [], set()
+    for base in range(total):
+        if base in seen:
+            continue
+        group = [base + m for m in members]
+        if any(r >= total or r in seen for r in group):
+            continue
+        seen.update(group)
+        groups.append(group)
+    return groups

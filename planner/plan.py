@@ -63,8 +63,20 @@ def prediction_block(est: StepEstimate) -> dict:
             "breakdown_s": dict(est.breakdown_s), "memory_gib": memory_gib(est.memory)}
 
 
+def alternative_entry(s: Strategy, setup: TrainingSetup, step_time_s: float, peak_memory_bytes: float, fits: bool,
+                      best_step_s: float, capacity_bytes: float) -> dict:
+    """A runner-up with a one-line reason it lost."""
+    if not fits:
+        why = f"does not fit by {_gib(peak_memory_bytes - capacity_bytes):.1f} GiB"
+    else:
+        why = f"slower by {(step_time_s / best_step_s - 1) * 100:.1f}%"
+    return {"strategy": strategy_block(s, setup), "step_time_s": step_time_s,
+            "peak_memory_gib": _gib(peak_memory_bytes), "why_not": why}
+
+
 def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy, est: StepEstimate,
-               constraints: dict, solver: dict, alternatives: list | None = None, notes: list | None = None) -> dict:
+               constraints: dict, solver: dict, alternatives: list | None = None, notes: list | None = None,
+               search: dict | None = None) -> dict:
     stages = []
     for st in est.stages:
         layers = [st.chunks[0][0], st.chunks[-1][1]] if st.chunks else [0, 0]
@@ -84,6 +96,8 @@ def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Stra
         "alternatives": alternatives or [],
         "notes": notes or [],
     }
+    if search is not None:
+        plan["search"] = search
     return rounded(plan)
 
 
@@ -102,3 +116,34 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+SWEEP_SCHEMA = "planner.sweep/v1"
+
+
+def sweep_document(entries: list[dict]) -> dict:
+    """One plan per GPU count (infeasible counts with their reason)."""
+    return {"schema": SWEEP_SCHEMA, "planner_version": __version__, "plans": entries}
+
+
+def read_plan(path) -> dict:
+    """A plan document from a file (PlanFormatError naming what is wrong)."""
+    from planner.errors import PlanFormatError
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise PlanFormatError(f"{path}: no such plan file") from None
+    except json.JSONDecodeError as e:
+        raise PlanFormatError(f"{path}: not a JSON document (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise PlanFormatError(f"{path}: schema {found!r} is not {SCHEMA}")
+    return doc
+
+
+def rank_groups_of(doc: dict) -> dict:
+    """Explicit rank groups of every parallel dimension of a plan."""
+    from planner.placement import rank_groups
+    st = doc["strategy"]
+    degrees = {k: st[k] for k in ("tp", "cp", "dp", "pp", "ep")}
+    return {dim: rank_groups(doc["placement"]["order"], degrees, dim) for dim in ("tp", "cp", "ep", "dp", "pp")}

@@ -59,24 +59,103 @@ def error_line(message: str) -> None:
 
 
 class progress:
-    """A transient progress line on stderr for long work: `with progress('x') as step: step(i, n, what)`."""
+    """A transient progress bar on stderr for long work, shown only once the work has run longer
+    than `delay_s`: `with progress('x') as step: step(i, n, what)`."""
 
-    def __init__(self, label: str):
+    def __init__(self, label: str, delay_s: float = 0.0):
+        import time
         from rich.progress import Progress
         self._progress = Progress(transient=True, console=err)
         self._label = label
         self._task = None
+        self._delay_s = delay_s
+        self._start = time.monotonic()
+        self._shown = False
+
+    def _show(self) -> None:
+        if not self._shown:
+            self._progress.start()
+            self._task = self._progress.add_task(self._label, total=None)
+            self._shown = True
 
     def __enter__(self):
-        self._progress.__enter__()
-        self._task = self._progress.add_task(self._label, total=None)
+        import time
+        if self._delay_s <= 0:
+            self._show()
 
         def step(done: int, total: int, what: str) -> None:
-            self._progress.update(self._task, completed=done, total=total, description=what)
+            if not self._shown and time.monotonic() - self._start >= self._delay_s:
+                self._show()
+            if self._shown:
+                self._progress.update(self._task, completed=done, total=total or None, description=what)
         return step
 
     def __exit__(self, *exc):
-        return self._progress.__exit__(*exc)
+        if self._shown:
+            self._progress.stop()
+        return False
+
+
+def _knobs(st: dict) -> str:
+    rec = st["recompute"] + (f" ({st['recompute_layers']} layers/stage)" if "recompute_layers" in st else "")
+    return (f"dp {st['dp']} tp {st['tp']} pp {st['pp']} cp {st['cp']} ep {st['ep']} vpp {st['vpp']} | "
+            f"micro-batch {st['micro_batch']} x {st['num_microbatches']} | zero {st['zero']} | recompute {rec} | "
+            f"SP {'on' if st['sequence_parallel'] else 'off'} | {st['schedule']}")
+
+
+def plan_table(plan: dict) -> None:
+    """The winner (as `estimate_table`), its stages, the runners-up and what the search did."""
+    estimate_table(plan)
+    stages = Table(title="pipeline stages", title_justify="left")
+    for col in ("stage", "layers", "recompute layers", "time / micro-batch", "memory GiB"):
+        stages.add_column(col, justify="right")
+    for st in plan["stages"]:
+        layers = ", ".join(f"{a}-{b - 1}" for a, b in st.get("chunks", [st["layers"]]))
+        stages.add_row(str(st["index"]), layers, str(st["recompute_layers"]), _fmt_s(st["time_per_microbatch_s"]),
+                       f"{st['memory_gib']:.1f}")
+    err.print(stages)
+    if plan["alternatives"]:
+        alt = Table(title="runners-up", title_justify="left")
+        for col in ("strategy", "step time", "memory GiB", "why not"):
+            alt.add_column(col)
+        for a in plan["alternatives"]:
+            alt.add_row(_knobs(a["strategy"]), _fmt_s(a["step_time_s"]), f"{a['peak_memory_gib']:.1f}", a["why_not"])
+        err.print(alt)
+    if "search" in plan:
+        s = plan["search"]
+        err.print(f"search: {s['considered']:,} candidates, {s['pruned_memory']:,} pruned by the memory floor, "
+                  f"{s['pruned_bound']:,} by the time bound, {s['priced']:,} priced "
+                  f"({s['dp_programmes']:,} DP programmes, {s['ilp_solves']:,} ILPs); "
+                  + ("proven optimal in this space" if s["proven_optimal"] else "[yellow]not proven optimal[/yellow]"))
+
+
+def sweep_table(doc: dict) -> None:
+    t = Table(title="plans per GPU count", title_justify="left")
+    for col in ("GPUs", "step time", "tokens/s", "MFU", "memory GiB", "strategy"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for e in doc["plans"]:
+        if "plan" not in e:
+            t.add_row(str(e["gpus"]), "-", "-", "-", "-", f"[red]{e['infeasible']}[/red]")
+            continue
+        pr = e["plan"]["prediction"]
+        t.add_row(str(e["gpus"]), _fmt_s(pr["step_time_s"]), f"{pr['tokens_per_s']:,.0f}", f"{pr['mfu'] * 100:.1f} %",
+                  f"{pr['peak_memory_gib']:.1f}", _knobs(e["plan"]["strategy"]))
+    err.print(t)
+
+
+def ranks_table(plan: dict, groups: dict | None = None) -> None:
+    from planner.plan import rank_groups_of
+    groups = groups or rank_groups_of(plan)
+    t = Table(title=f"rank groups (order {plan['placement']['order']}, innermost first)", title_justify="left")
+    t.add_column("group")
+    t.add_column("count", justify="right")
+    t.add_column("tier")
+    t.add_column("first groups")
+    tiers = plan["placement"]["tiers"]
+    for dim, gs in groups.items():
+        shown = " ".join(str(g) for g in gs[:4]) + (" ..." if len(gs) > 4 else "")
+        t.add_row(dim, str(len(gs)), tiers.get(dim, "-"), shown)
+    err.print(t)
 
 
 def _runs_table(title: str, rows: list[dict]) -> Table:

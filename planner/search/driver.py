@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -65,7 +65,38 @@ class SearchResult:
     ilp_solves: int
     proven_optimal: bool
     elapsed_s: float
-    stats: dict = field(default_factory=dict, hash=False)
+    memory_floor_bytes: float = 0.0
+    """least memory floor of the candidates pruned for memory (what nothing could go below)"""
+
+    def summary(self) -> dict:
+        """Deterministic counts for the plan file (no timings: plans are byte-stable)."""
+        return {"considered": self.considered, "pruned_memory": self.pruned_memory,
+                "pruned_bound": self.pruned_bound, "priced": self.priced,
+                "dp_programmes": self.programmes, "ilp_solves": self.ilp_solves,
+                "proven_optimal": self.proven_optimal}
+
+
+def infeasible_message(result: SearchResult, cluster: Cluster) -> str:
+    """Why nothing fits, and what the closest candidate would need."""
+    cap = cluster.gpu.memory_bytes / 2**30
+    if result.closest is not None:
+        s = result.closest.strategy
+        need = result.closest.peak_memory_bytes / 2**30
+        what = (f"best candidate (dp {s.dp} tp {s.tp} pp {s.pp} cp {s.cp}, zero {s.zero}, recompute {s.recompute}) "
+                f"needs {need:.1f} GiB per GPU")
+    else:
+        need = result.memory_floor_bytes / 2**30
+        what = f"every candidate needs at least {need:.1f} GiB per GPU"
+    hints = ["more GPUs"]
+    if result.closest is None:
+        hints.append("GPUs with more memory")  # the floor already allows ZeRO-3 and full recompute
+    else:
+        if result.closest.strategy.zero < 3:
+            hints.append("ZeRO-3")
+        if result.closest.strategy.recompute != "full":
+            hints.append("full recompute")
+    fixes = f"{', '.join(hints[:-1])} or {hints[-1]}" if len(hints) > 1 else hints[0]
+    return f"no feasible plan: {what}; {cluster.gpu.name} has {cap:.1f} GiB; {fixes} would be needed"
 
 
 def _outer(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict, rules: space.RuntimeRules):
@@ -88,6 +119,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     rules = space.RUNTIME_RULES[setup.runtime]
     cap = cluster.gpu.memory_bytes
     heap, considered, pruned_memory = [], 0, 0
+    least_floor = float("inf")
     seen_spans: set = set()
     for knobs in _outer(model, cluster, setup, fixed, rules):
         m = setup.global_batch // (knobs["dp"] * knobs["micro_batch"])
@@ -126,9 +158,10 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                 zfloor = max(0.0, traffic - cluster.efficiency.dp_overlap_fraction * (P["comp"][L] + E["emb_comp"]
                                                                                        + E["head_comp"]))
             for v in vpps:
-                floor = _memory_floor(per_layer_state, per_layer_saved, L, pp, m, v)
-                if floor + memory.RUNTIME_RESERVED_BYTES > cap:
+                floor = _memory_floor(per_layer_state, per_layer_saved, L, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
+                if floor > cap:
                     pruned_memory += 1
+                    least_floor = min(least_floor, floor)
                     continue
                 sigma = total + pp * prof.p2p_s * v + zfloor
                 bound = ((m - 1.0 / v) / pp + 1.0 / v) * sigma + opt_floor
@@ -178,7 +211,8 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     return SearchResult(best=best, alternatives=tuple(alternatives), closest=closest, considered=considered,
                         pruned_memory=pruned_memory, pruned_bound=pruned_bound, priced=priced,
                         programmes=programmes, ilp_solves=ilp_solves, proven_optimal=optimal,
-                        elapsed_s=time.perf_counter() - start)
+                        elapsed_s=time.perf_counter() - start,
+                        memory_floor_bytes=least_floor if np.isfinite(least_floor) else 0.0)
 
 
 def _zero_traffic(prof, zero: int, dense: float, expert: float) -> float:

@@ -112,3 +112,20 @@ def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None,
     if fixed is not None:  # a constraint may go beyond MAX_VPP
         return [fixed] if legal(fixed) else []
     return [v for v in range(1, MAX_VPP + 1) if legal(v)]
+
+
+def explain_empty(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict) -> str:
+    """Why no legal strategy exists: the batch, the GPU count, or the constraints."""
+    rules = RUNTIME_RULES[setup.runtime]
+    free = list(degree_tuples(model, cluster, setup, {}, rules))
+    if not free:
+        from dataclasses import replace
+        loose = list(degree_tuples(model, cluster, replace(setup, global_batch=setup.gpus * 1024), {}, rules))
+        if loose:
+            dps = sorted({dp for *_, dp in loose})
+            return (f"no legal strategy: the global batch ({setup.global_batch}) must be divisible by dp, and every "
+                    f"way to split {setup.gpus} GPUs needs dp in {dps[:8]}{'...' if len(dps) > 8 else ''}")
+        return (f"no legal strategy for {setup.gpus} GPUs: no tp dividing heads ({model.heads}) and "
+                f"pp <= layers ({model.layers}) splits them")
+    given = ", ".join(f"{k}={v}" for k, v in sorted(fixed.items()))
+    return f"no legal strategy satisfies the constraints ({given}) for {setup.gpus} GPUs under runtime {setup.runtime}"

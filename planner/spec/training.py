@@ -151,3 +151,30 @@ def resolve_strategy(fixed: dict, setup: TrainingSetup) -> Strategy:
     knobs.setdefault("sequence_parallel", tp > 1)
     knobs.setdefault("schedule", "interleaved-1f1b" if vpp > 1 else "1f1b")
     return Strategy(**knobs)
+
+
+def check_gpu_count(gpus: int, gpus_per_node: int) -> None:
+    """Below one node any count is a partial node; above one node it must fill whole nodes."""
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        lower = gpus // gpus_per_node * gpus_per_node
+        raise SpecError(f"--gpus {gpus} does not fill whole nodes of {gpus_per_node} GPUs "
+                        f"(nearest: {lower} or {lower + gpus_per_node})")
+
+
+def parse_gpu_counts(text: str, gpus_per_node: int, limit: int = 512) -> list[int]:
+    """'512', '512,1024,2048' or '512-4096' (every whole-node count in the range)."""
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            if lo < 1 or hi < lo:
+                raise ValueError
+            counts = [n for n in range(lo, hi + 1) if n <= gpus_per_node or n % gpus_per_node == 0]
+        else:
+            counts = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        raise SpecError(f"--gpus {text!r}: expected a count, a list (512,1024) or a range (512-4096)") from None
+    if not counts or min(counts) < 1:
+        raise SpecError(f"--gpus {text!r}: no positive GPU count in it")
+    if len(counts) > limit:
+        raise SpecError(f"--gpus {text!r} covers {len(counts)} counts; at most {limit} per sweep")
+    return counts

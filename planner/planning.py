@@ -1,0 +1,44 @@
+"""One planning request end to end: setup -> search -> plan document (shared by plan and check)."""
+
+from __future__ import annotations
+
+from planner.errors import InfeasibleError, SpecError
+from planner.plan import alternative_entry, build_plan
+from planner.search import space
+from planner.search.driver import infeasible_message, search
+from planner.spec.hardware import Cluster
+from planner.spec.model import ModelSpec
+from planner.spec.training import TrainingSetup, check_gpu_count
+
+
+def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int, precision: str,
+              attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
+              top: int = 3, progress=None) -> dict:
+    """The plan document of the best strategy (InfeasibleError when nothing fits, SpecError when
+    no legal strategy satisfies the request)."""
+    check_gpu_count(gpus, cluster.gpus_per_node)
+    setup = TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len, precision=precision,
+                          attention=attention, runtime=runtime)
+    result = search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s, top=top,
+                    progress=progress)
+    if result.best is None:
+        if result.closest is None and result.pruned_memory == 0:
+            raise SpecError(space.explain_empty(model, cluster, setup, constraints))
+        raise InfeasibleError(infeasible_message(result, cluster))
+    best = result.best
+    est = best.estimate(model, cluster, setup)
+    cap = cluster.gpu.memory_bytes
+    alternatives = [alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, c.fits,
+                                      best.step_time_s, cap) for c in result.alternatives]
+    if result.closest is not None and result.closest.step_time_s < best.step_time_s and top:
+        c = result.closest
+        alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
+                                              best.step_time_s, cap))
+    notes = []
+    if not cluster.efficiency.source.startswith("fitted"):
+        notes.append(f"efficiencies of {cluster.name}: {cluster.efficiency.source}, not fitted to measured runs")
+    if not result.proven_optimal:
+        notes.append("a solver or DP iteration limit was hit: the plan is the best found, not proven optimal")
+    return build_plan(model, cluster, setup, best.strategy, est, constraints,
+                      {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives, notes=notes,
+                      search=result.summary())
