@@ -184,7 +184,8 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                      recompute_layers=fixed.get("recompute_layers"))
         if strategy_problems(s, model, setup):
             continue
-        found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s)
+        found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
+                              best.step_time_s if best is not None else float("inf"))
         if TRACE is not None:
             TRACE.append((bound, [(c.step_time_s, c.fits) for c in found], s))
         priced += 1
@@ -237,60 +238,81 @@ def _key(s: Strategy) -> tuple:
     return (s.dp, s.tp, s.pp, s.cp, s.ep, s.vpp, s.micro_batch, s.zero, s.recompute, s.order, s.sequence_parallel)
 
 
-def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s) -> tuple[list[Candidate], dict]:
-    """The even split, and for 1F1B the DP's split; recompute counts by the ILP for 'full'."""
+def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
+           best_s: float = float("inf")) -> tuple[list[Candidate], dict]:
+    """The split: the exact DP for 1F1B with a free split (every layer recomputed when the mode is
+    'full'), Megatron's first/last-stage split, or the even split. Then, for 'full', how many
+    layers each stage recomputes by the ILP. `best_s` is the best step found so far."""
     stats = {"programmes": 0, "ilp": 0, "optimal": True}
     prof = profile(model, cluster, setup, s)
-    splits = [tuple(split_layers(model.layers, s.pp, s.vpp))]
-    if s.pp > 1 and s.vpp == 1 and rules.uneven_split != "none":
-        best = _dp_split(prof, rules, cluster.gpu.memory_bytes)
-        if best is not None:
-            stats["programmes"] += best.programmes
-            stats["optimal"] &= best.exhaustive
-            if best.bounds != splits[0]:
-                splits.append(best.bounds)
+    cap = cluster.gpu.memory_bytes
+    even = tuple(split_layers(model.layers, s.pp, s.vpp))
+    free_split = s.pp > 1 and s.vpp == 1 and rules.uneven_split == "any"
+    splits: list[tuple[tuple, tuple | None]] = []
+    if free_split:
+        found = _dp_split(prof, cap, best_s if s.recompute != "full" else float("inf"))
+        if found is not None:
+            stats["programmes"] += found.programmes
+            stats["optimal"] &= found.exhaustive
+        # nothing fits: price the even split to say by how much
+        splits.append((found.bounds if found is not None else even, None))
+    elif s.pp > 2 and s.vpp == 1 and rules.uneven_split == "ends":
+        found = _ends_split(prof, cap)
+        splits.append((found.bounds if found is not None else even, None))
+    else:
+        splits.append((even, None))
+    if s.recompute == "full" and s.recompute_layers is None:
+        result = _recompute(prof, splits[0][0], rules, cap, solver, time_limit_s, best_s)
+        stats["ilp"] += result is not None and not result.shortcut
+        if result is not None:
+            splits[0] = (splits[0][0], result.recompute_layers)
+            stats["optimal"] &= result.optimal
     out = []
-    for bounds in splits:
-        counts = None
-        if s.recompute == "full" and s.recompute_layers is None:
-            result = _recompute(prof, bounds, rules, cluster.gpu.memory_bytes, solver, time_limit_s)
-            stats["ilp"] += 1
-            if result is not None:
-                counts = result.recompute_layers
-                stats["optimal"] &= result.optimal
+    for bounds, counts in splits:
         terms = split_terms(prof, list(bounds), counts)
         step = split_step(terms, prof.microbatches, s.vpp)[0]
         peak = float(np.max(terms["memory"]))
-        out.append(Candidate(strategy=s, bounds=bounds, recompute_layers=counts, step_time_s=step,
-                             peak_memory_bytes=peak, fits=peak <= cluster.gpu.memory_bytes))
+        out.append(Candidate(strategy=s, bounds=tuple(bounds), recompute_layers=counts, step_time_s=step,
+                             peak_memory_bytes=peak, fits=peak <= cap))
     return out, stats
 
 
-def _dp_split(prof, rules, cap) -> stages.Split | None:
-    """Banded cost tables of every stage position and layer range, then the exact DP (1F1B)."""
+def _tables(prof, width: int):
+    """t, tail, ok of every stage position, first layer and length (<= width), with every layer
+    recomputed when the mode is 'full' (shape (pp, layers+1, width, 1) for stages.best_split)."""
     s, L = prof.strategy, prof.model.layers
-    width = min(L, MAX_STAGE_FACTOR * -(-L // s.pp))
     a = np.repeat(np.arange(L + 1), width)
     n = np.tile(np.arange(1, width + 1), L + 1)
     keep = a + n <= L
     a, n = a[keep], n[keep]
-    shape = (s.pp, L + 1, width)
+    shape = (s.pp, L + 1, width, 1)
     t, tail = np.full(shape, np.inf), np.full(shape, np.inf)
     ok = np.zeros(shape, dtype=bool)
+    cap = prof.cluster.gpu.memory_bytes
     for i in range(s.pp):
         terms = stage_terms(prof, i, [(a, a + n)], n)
-        t[i, a, n - 1] = terms["t"]
-        tail[i, a, n - 1] = terms["tail"] * np.ones(len(a))
-        # with 'full' the ILP picks the counts afterwards; the DP splits for full recomputation
-        ok[i, a, n - 1] = terms["memory"] <= cap
-    if rules.uneven_split == "ends" and s.pp > 2:
-        return _ends_split(t, tail, ok, prof.microbatches, L)
-    return stages.best_split(t, tail, ok, prof.microbatches)
+        t[i, a, n - 1, 0] = terms["t"]
+        tail[i, a, n - 1, 0] = terms["tail"] * np.ones(len(a))
+        ok[i, a, n - 1, 0] = terms["memory"] <= cap
+    return t, tail, ok
 
 
-def _ends_split(t, tail, ok, m, L) -> stages.Split | None:
-    """Megatron's uneven split: first and last stage free, the middle stages equal."""
-    p, width = t.shape[0], t.shape[2]
+def _dp_split(prof, cap, cutoff: float = float("inf")) -> stages.Split | None:
+    """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`)."""
+    s, L = prof.strategy, prof.model.layers
+    width = min(L, MAX_STAGE_FACTOR * -(-L // s.pp))
+    t, tail, ok = _tables(prof, width)
+    return stages.best_split(t, tail, ok, prof.microbatches, cutoff)
+
+
+def _ends_split(prof, cap) -> stages.Split | None:
+    """Megatron's uneven split: first and last stage free, the middle stages equal (full
+    recomputation of every layer when the mode is 'full'; the ILP then picks the count)."""
+    s, L = prof.strategy, prof.model.layers
+    p = s.pp
+    width = min(L, MAX_STAGE_FACTOR * -(-L // p))
+    t, tail, ok = _tables(prof, width)
+    m = prof.microbatches
     best = None
     for first in range(1, min(L, width + 1)):
         for last in range(1, min(L - first, width + 1)):
@@ -300,43 +322,49 @@ def _ends_split(t, tail, ok, m, L) -> stages.Split | None:
             k = rest // (p - 2)
             cuts = [0, first] + [first + k * j for j in range(1, p - 1)] + [L]
             bounds = tuple(zip(cuts[:-1], cuts[1:]))
-            cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
+            cells = [(i, lo, hi - lo - 1, 0) for i, (lo, hi) in enumerate(bounds)]
             if not all(ok[c] for c in cells):
                 continue
             times = [t[c] for c in cells]
             step = (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells)
             if best is None or step < best.step_s:
-                best = stages.Split(bounds=bounds, step_s=float(step), programmes=0, exhaustive=True)
+                best = stages.Split(bounds=bounds, recompute_layers=(), step_s=float(step), programmes=0,
+                                    exhaustive=True)
     return best
 
 
-def _recompute(prof, bounds, rules, cap, solver, time_limit_s) -> ilp.IlpResult | None:
-    """Per stage, every feasible count of fully recomputed layers, then the ILP."""
+def _recompute(prof, bounds, rules, cap, solver, time_limit_s, best_s: float) -> ilp.IlpResult | None:
+    """Per stage, every feasible count of fully recomputed layers, then the ILP. Counts that a
+    smaller count matches in tail are dropped (time only grows with the count), and the ILP is
+    skipped when it provably cannot matter: no stage's tail can drop, or even its best case
+    cannot beat `best_s`."""
     s = prof.strategy
-    per_stage = stage_chunks(list(bounds), s.pp)
     options, counts = [], []
-    for i, chunks in enumerate(per_stage):
+    for i, chunks in enumerate(stage_chunks(list(bounds), s.pp)):
         n = sum(hi - lo for lo, hi in chunks)
         r = np.arange(n + 1)
         terms = stage_terms(prof, i, chunks, r)
-        fits = np.asarray(terms["memory"] <= cap) * np.ones(n + 1, dtype=bool)
-        t = np.asarray(terms["t"]) * np.ones(n + 1)
-        tail = np.asarray(terms["tail"]) * np.ones(n + 1)
-        options.append({int(k): (float(t[k]), float(tail[k])) for k in r if fits[k]})
+        fits = np.broadcast_to(terms["memory"] <= cap, n + 1)
+        t = np.broadcast_to(terms["t"], n + 1)
+        tail = np.broadcast_to(terms["tail"], n + 1)
+        kept, lowest = {}, float("inf")
+        for k in r:
+            if fits[k] and (rules.uniform_recompute or tail[k] < lowest):
+                kept[int(k)] = (float(t[k]), float(tail[k]))
+                lowest = min(lowest, float(tail[k]))
+        options.append(kept)
         counts.append(n)
+    if not all(options):
+        return None
     uniform = counts if rules.uniform_recompute else None
-    if all(options):
-        # Each stage's least feasible count is optimal unless recomputing more on the stage with
-        # the largest tail could shrink that tail (the only coupling): if its tail cannot drop, no
-        # other choice lowers T, sum t or U, and no ILP is needed.
-        least = tuple(min(o) for o in options)
-        tails = [o[r][1] for o, r in zip(options, least)]
-        top = max(range(len(options)), key=tails.__getitem__)
-        stuck = min(v[1] for v in options[top].values()) >= tails[top]
-        if stuck and (uniform is None or len(set(least)) == 1):
-            times = [o[r][0] for o, r in zip(options, least)]
-            tails = [o[r][1] for o, r in zip(options, least)]
-            step = (prof.microbatches - 1.0 / s.vpp) * max(times) + sum(times) / s.vpp + max(tails)
-            return ilp.IlpResult(recompute_layers=least, objective=step, optimal=True)
-    return ilp.recompute_ilp(options, prof.microbatches, s.vpp, uniform=uniform, solver=solver,
-                             time_limit_s=time_limit_s)
+    least = tuple(min(o) for o in options)
+    times = [o[r][0] for o, r in zip(options, least)]
+    tails = [o[r][1] for o, r in zip(options, least)]
+    m, v = prof.microbatches, s.vpp
+    step = (m - 1.0 / v) * max(times) + sum(times) / v + max(tails)
+    top = max(range(len(options)), key=tails.__getitem__)
+    stuck = min(x[1] for x in options[top].values()) >= tails[top]
+    floor = (m - 1.0 / v) * max(times) + sum(times) / v + max(min(x[1] for x in o.values()) for o in options)
+    if (stuck or floor >= best_s) and (uniform is None or len(set(least)) == 1):
+        return ilp.IlpResult(recompute_layers=least, objective=step, optimal=True, shortcut=True)
+    return ilp.recompute_ilp(options, m, v, uniform=uniform, solver=solver, time_limit_s=time_limit_s)

@@ -32,6 +32,8 @@ class IlpResult:
     objective: float
     optimal: bool
     """False when the time limit stopped the solver before it proved optimality"""
+    shortcut: bool = False
+    """True when no solve was needed (the least feasible counts are provably optimal)"""
 
 
 @contextlib.contextmanager
