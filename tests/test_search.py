@@ -1,0 +1,231 @@
+"""The search is exact within its stated space: checked against brute force on small instances."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.cost.step import estimate
+from planner.search import space, stages
+from planner.search.driver import MAX_STAGE_FACTOR, search
+from planner.search.ilp import recompute_ilp
+from planner.spec.hardware import load_cluster
+from planner.spec.model import ModelSpec
+from planner.spec.training import Strategy, TrainingSetup, strategy_problems
+
+
+# --- the stage-split DP against every composition ------------------------------------------
+
+def _compositions(total, parts, width):
+    if parts == 1:
+        if 1 <= total <= width:
+            yield (total,)
+        return
+    for first in range(1, min(width, total - parts + 1) + 1):
+        for rest in _compositions(total - first, parts - 1, width):
+            yield (first,) + rest
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(1, 4), layers=st.integers(1, 9), m=st.integers(1, 12), seed=st.integers(0, 10**6))
+def test_split_dp_matches_brute_force(p, layers, m, seed):
+    if layers < p:
+        return
+    rng = np.random.default_rng(seed)
+    width = layers
+    t = np.full((p, layers + 1, width, 1), np.inf)
+    tail = rng.uniform(0, 2, size=t.shape)
+    ok = rng.uniform(size=t.shape) < 0.85
+    for i in range(p):
+        for a in range(layers + 1):
+            for n in range(1, width + 1):
+                if a + n <= layers:
+                    t[i, a, n - 1, 0] = n * rng.uniform(0.5, 1.5) + (1.0 if i == p - 1 else 0.0)
+    best = None
+    for sizes in _compositions(layers, p, width):
+        cuts = np.concatenate(([0], np.cumsum(sizes)))
+        cells = [(i, cuts[i], sizes[i] - 1, 0) for i in range(p)]
+        if not all(ok[c] for c in cells):
+            continue
+        times = [t[c] for c in cells]
+        step = (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells)
+        best = step if best is None else min(best, step)
+    found = stages.best_split(t, tail, ok, m)
+    if best is None:
+        assert found is None
+    else:
+        assert found.exhaustive
+        assert found.step_s == pytest.approx(best, rel=1e-12)
+
+
+# --- the recompute ILP against every count vector ------------------------------------------
+
+def _objective(options, chosen, m, v):
+    times = [options[i][r][0] for i, r in enumerate(chosen)]
+    tails = [options[i][r][1] for i, r in enumerate(chosen)]
+    return (m - 1 / v) * max(times) + sum(times) / v + max(tails)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 4), n=st.integers(1, 4), m=st.integers(1, 16), v=st.integers(1, 3),
+       seed=st.integers(0, 10**6), solver=st.sampled_from(["highs", "cbc"]))
+def test_recompute_ilp_matches_brute_force(p, n, m, v, seed, solver):
+    rng = np.random.default_rng(seed)
+    options = []
+    for _ in range(p):
+        base, step, tail0 = rng.uniform(1, 2), rng.uniform(0.05, 0.3), rng.uniform(0, 1)
+        drop = rng.uniform(0, 0.5)
+        options.append({r: (base + r * step, max(0.0, tail0 - r * drop)) for r in range(n + 1)
+                        if rng.uniform() < 0.8 or r == n})
+    best = min(_objective(options, c, m, v) for c in itertools.product(*(sorted(o) for o in options)))
+    result = recompute_ilp(options, m, v, solver=solver)
+    assert result.optimal
+    assert result.objective == pytest.approx(best, rel=1e-9)
+
+
+def test_recompute_ilp_couples_the_stages():
+    """Stage 0 alone would recompute nothing (cheapest time); recomputing one layer there hides
+    its data-parallel reduction (tail 0.5 -> 0.1) at no bottleneck cost: the ILP takes it."""
+    options = [{0: (1.0, 0.5), 1: (1.2, 0.1)}, {1: (1.5, 0.0), 2: (1.7, 0.0)}]
+    independent = (0, 1)
+    result = recompute_ilp(options, microbatches=4, vpp=1)
+    assert result.recompute_layers == (1, 1)
+    assert result.objective < _objective(options, independent, 4, 1)
+
+
+def test_uniform_recompute_takes_one_count_for_every_stage():
+    options = [{0: (1.0, 0.0), 1: (1.1, 0.0), 2: (1.2, 0.0)}, {2: (1.5, 0.0)}]
+    result = recompute_ilp(options, microbatches=4, vpp=1, uniform=[2, 2])
+    assert result.recompute_layers == (2, 2)
+    assert recompute_ilp([{0: (1.0, 0.0)}, {2: (1.5, 0.0)}], 4, 1, uniform=[2, 2]) is None
+
+
+# --- the whole search against brute force ------------------------------------------------
+
+CLUSTER = load_cluster("dgx-h100")
+
+
+def _splits(layers, pp, vpp):
+    """Every split the space allows: any contiguous split (<= MAX_STAGE_FACTOR * ceil(L/pp) layers a
+    stage) for 1F1B, the even split when interleaved."""
+    from planner.cost.pipeline import split_layers
+    if vpp > 1 or pp == 1:
+        yield split_layers(layers, pp, vpp)
+        return
+    width = min(layers, MAX_STAGE_FACTOR * -(-layers // pp))
+    for sizes in _compositions(layers, pp, width):
+        cuts = [0, *itertools.accumulate(sizes)]
+        yield list(zip(cuts[:-1], cuts[1:]))
+
+
+def brute_force(model, setup, fixed):
+    """The best step time over the stated space, by pricing every member with `estimate`."""
+    best = None
+    for tp in (1, 2, 4, 8):
+        for cp in (1, 2, 4):
+            for pp in range(1, model.layers + 1):
+                if setup.gpus % (tp * cp * pp):
+                    continue
+                dp = setup.gpus // (tp * cp * pp)
+                if cp > 1 and setup.seq_len // cp < space.MIN_CP_TOKENS:
+                    continue
+                for mb in range(1, setup.global_batch + 1):
+                    if setup.global_batch % (dp * mb):
+                        continue
+                    m = setup.global_batch // (dp * mb)
+                    for vpp in range(1, space.MAX_VPP + 1):
+                        if vpp > 1 and (pp == 1 or m % pp or pp * vpp > model.layers):
+                            continue
+                        for mode in ("none", "selective"):
+                            for zero in (0, 1, 2, 3):
+                                s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch=mb, zero=zero,
+                                             recompute=mode, sequence_parallel=tp > 1, order=fixed["order"],
+                                             schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+                                if any(getattr(s, k) != v for k, v in fixed.items()):
+                                    continue
+                                if strategy_problems(s, model, setup):
+                                    continue
+                                for bounds in _splits(model.layers, pp, vpp):
+                                    est = estimate(model, CLUSTER, setup, s, bounds=bounds)
+                                    if est.fits and (best is None or est.step_time_s < best):
+                                        best = est.step_time_s
+    return best
+
+
+@st.composite
+def instances(draw):
+    heads = draw(st.sampled_from([2, 4, 8]))
+    head_dim = draw(st.sampled_from([32, 64]))
+    model = ModelSpec(name="tiny", layers=draw(st.integers(2, 5)), hidden=heads * head_dim, heads=heads,
+                      kv_heads=draw(st.sampled_from([1, heads])), ffn_hidden=draw(st.sampled_from([256, 512])),
+                      vocab=draw(st.sampled_from([1000, 32000])), ffn_act=draw(st.sampled_from(["gelu", "swiglu"])),
+                      seq_len=2048)
+    gpus = draw(st.sampled_from([1, 2, 4, 8]))
+    setup = TrainingSetup(gpus=gpus, global_batch=draw(st.sampled_from([8, 16])), seq_len=draw(st.sampled_from([1024, 2048])))
+    fixed = {"order": "tp-cp-ep-dp-pp", "zero": draw(st.sampled_from([0, 1, 2, 3])),
+             "recompute": draw(st.sampled_from(["none", "selective"]))}
+    return model, setup, fixed
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_search_equals_brute_force(instance):
+    model, setup, fixed = instance
+    result = search(model, CLUSTER, setup, fixed)
+    expected = brute_force(model, setup, fixed)
+    if expected is None:
+        assert result.best is None
+        return
+    assert result.proven_optimal
+    assert result.best.step_time_s == pytest.approx(expected, rel=1e-9)
+    for knob, value in fixed.items():
+        assert getattr(result.best.strategy, knob) == value
+
+
+def test_full_recompute_counts_match_brute_force_on_a_fixed_split():
+    """Interleaved (even split): the ILP's per-stage counts equal the best count vector."""
+    model = ModelSpec(name="m", layers=8, hidden=1024, heads=8, ffn_hidden=4096, vocab=32000, seq_len=4096)
+    cluster = load_cluster("dgx-a100-40g")
+    setup = TrainingSetup(gpus=2, global_batch=16, seq_len=4096)
+    fixed = {"tp": 1, "pp": 2, "vpp": 2, "micro_batch": 2, "zero": 0, "recompute": "full", "order": "tp-cp-ep-dp-pp"}
+    result = search(model, cluster, setup, fixed)
+    s = result.best.strategy
+    best = None
+    for counts in itertools.product(range(5), repeat=2):
+        est = estimate(model, cluster, setup, s, recompute_layers=counts)
+        if est.fits and (best is None or est.step_time_s < best):
+            best = est.step_time_s
+    assert result.best.step_time_s == pytest.approx(best, rel=1e-9)
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "deepspeed", "torchtitan"])
+def test_runtime_rules_are_honoured(runtime):
+    model = ModelSpec(name="m", layers=16, hidden=2048, heads=16, ffn_hidden=8192, vocab=32000, seq_len=4096)
+    setup = TrainingSetup(gpus=32, global_batch=64, seq_len=4096, runtime=runtime)
+    rules = space.RUNTIME_RULES[runtime]
+    result = search(model, load_cluster("dgx-a100-40g"), setup, top=10)
+    for cand in (result.best, *result.alternatives):
+        s = cand.strategy
+        assert s.zero in (rules.zero_with_pp if s.pp > 1 else rules.zero)
+        if not rules.interleaving:
+            assert s.vpp == 1
+        if not rules.context_parallel:
+            assert s.cp == 1
+        sizes = [b - a for a, b in cand.bounds]
+        if rules.uneven_split == "none":
+            assert max(sizes) - min(sizes) <= 1
+        if rules.uniform_recompute and cand.recompute_layers:
+            assert len({min(r, n) for r, n in zip(cand.recompute_layers, sizes)}) >= 1
+            assert len(set(cand.recompute_layers) - set(sizes)) <= 1
+
+
+def test_constraints_are_honoured():
+    model = ModelSpec(name="m", layers=8, hidden=1024, heads=8, ffn_hidden=4096, vocab=32000, seq_len=2048)
+    setup = TrainingSetup(gpus=16, global_batch=64, seq_len=2048)
+    fixed = {"tp": 2, "pp": 2, "micro_batch": 1, "zero": 1}
+    best = search(model, CLUSTER, setup, fixed).best.strategy
+    assert (best.tp, best.pp, best.micro_batch, best.zero) == (2, 2, 1, 1)
+    assert math.prod((best.dp, best.tp, best.pp, best.cp)) == 16
