@@ -14,6 +14,7 @@ from pathlib import Path
 
 from planner.cost.step import StepEstimate, estimate
 from planner.errors import PlannerError, SpecError
+from planner.search.space import MAX_VPP
 from planner.spec.fields import Fields, load_mapping
 from planner.spec.hardware import Cluster, Efficiency, load_cluster
 from planner.spec.model import ModelSpec
@@ -100,8 +101,8 @@ def candidates(run: Run) -> list[Strategy]:
     domains = {
         "micro_batch": _divisors(setup.global_batch // dp) if setup.global_batch % dp == 0 else [1],
         "recompute": ["none", "selective", "full"],
-        # any interleaving the layers allow; uneven chunks are split as evenly as possible
-        "vpp": list(range(1, run.model.layers // pp + 1)) if pp > 1 else [1],
+        # the interleaving the search considers (search/space.py); uneven chunks split evenly
+        "vpp": [v for v in range(1, MAX_VPP + 1) if pp * v <= run.model.layers] if pp > 1 else [1],
         "zero": [0, 1, 2, 3],
         "sequence_parallel": [False, True] if st.get("tp", 1) > 1 else [False],
     }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -142,29 +142,41 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
         total = (P["comp"][L] + P["rec_b"][L] + P["tp"][L] + P["cp"][L] + P["ep"][L]
                  + E["emb_comp"] + E["emb_tp"] + E["head_comp"] + E["head_tp"])
         dense, expert = P["params"][L] + E["emb_params"] + E["head_params"], P["expert"][L]
-        per_layer_saved = np.diff(P["saved_f" if knobs["recompute"] == "full" else "saved_b"]).min()
-        per_layer_params = np.diff(P["params"] + P["expert"]).min()
+        full = knobs["recompute"] == "full"
+        saved_b, saved_f = np.diff(P["saved_b"]), np.diff(P["saved_f"])
+        least_saved = (saved_f if full else saved_b).min()
         pp, shards = knobs["pp"], knobs["dp"] * knobs["cp"]
         eshards = max(1, shards // knobs["ep"])
         for zero in zeros:
             opt_floor = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / (shards if zero else 1) + expert
                                                                         / (eshards if zero else 1)) / pp,
                                               cluster.gpu.hbm_Bps, cluster.efficiency)
-            per_layer_state = sum(memory.state_bytes(per_layer_params, zero, eshards if knobs["ep"] > 1 else shards))
+            states = (np.sum(memory.state_bytes(np.diff(P["params"]), zero, shards), axis=0)
+                      + np.sum(memory.state_bytes(np.diff(P["expert"]), zero, eshards), axis=0))
+            least_state = float(states.min())
             zfloor = 0.0
             if zero >= 2:
                 # sum_i max(0, x_i) >= max(0, sum_i x_i): ZeRO-2/3 per-micro-batch traffic not hidden
                 traffic = _zero_traffic(prof, zero, dense, expert)
                 zfloor = max(0.0, traffic - cluster.efficiency.dp_overlap_fraction * (P["comp"][L] + E["emb_comp"]
                                                                                        + E["head_comp"]))
+            tail_floor = opt_floor
+            if pp == 1:
+                # one stage: its tail is exact (most hidden when every layer recomputes)
+                one = replace(prof, strategy=replace(probe, zero=zero))
+                tail_floor = float(stage_terms(one, 0, [(0, L)], L if full else 0)["tail"])
             for v in vpps:
-                floor = _memory_floor(per_layer_state, per_layer_saved, L, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
+                floor = _memory_floor(least_state, least_saved, L, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
                 if floor > cap:
                     pruned_memory += 1
                     least_floor = min(least_floor, floor)
                     continue
-                sigma = total + pp * prof.p2p_s * v + zfloor
-                bound = ((m - 1.0 / v) / pp + 1.0 / v) * sigma + opt_floor
+                rec_floor = 0.0
+                if full:
+                    rec_floor = _recompute_floor(least_state, saved_b.min(), float((saved_b - saved_f).max()),
+                                                 float(np.diff(P["rec_f"]).min()), L, pp, m, v, cap)
+                sigma = total + pp * prof.p2p_s * v + zfloor + rec_floor
+                bound = ((m - 1.0 / v) / pp + 1.0 / v) * sigma + tail_floor
                 heapq.heappush(heap, (bound, len(heap), knobs, v, zero))
     if progress:
         progress(0, len(heap), "pricing")
@@ -224,6 +236,21 @@ def _zero_traffic(prof, zero: int, dense: float, expert: float) -> float:
     if zero >= 3:
         total += 2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp") + 2 * coll("all_gather", memory.WEIGHT_BYTES * expert, "edp")
     return total
+
+
+def _recompute_floor(state: float, saved: float, saving: float, cost: float, layers: int, pp: int, m: int,
+                     v: int, cap: float) -> float:
+    """Least recomputation time any split needs to fit. Stage i with n_i layers, k_i micro-batches
+    in flight and r_i recomputed layers fits only if n_i (state + k_i saved) - k_i r_i saving +
+    reserve <= cap, so r_i >= (n_i (state / k_i + saved) - (cap - reserve) / k_i) / saving; summed
+    over the stages with k_i <= max k: sum r_i >= (L (state / max k + saved) - (cap - reserve)
+    sum 1/k_i) / saving. Per-layer minima (maximum saving) keep it a lower bound."""
+    from planner.cost.pipeline import in_flight
+    if saving <= 0:
+        return 0.0
+    k = in_flight(np.arange(pp), pp, m, v)
+    need = (layers * (state / k.max() + saved) - (cap - memory.RUNTIME_RESERVED_BYTES) * float(np.sum(1.0 / k))) / saving
+    return min(max(0.0, need), layers) * cost
 
 
 def _memory_floor(state: float, saved: float, layers: int, pp: int, m: int, v: int) -> float:
@@ -339,21 +366,25 @@ def _recompute(prof, bounds, rules, cap, solver, time_limit_s, best_s: float) ->
     skipped when it provably cannot matter: no stage's tail can drop, or even its best case
     cannot beat `best_s`."""
     s = prof.strategy
-    options, counts = [], []
-    for i, chunks in enumerate(stage_chunks(list(bounds), s.pp)):
-        n = sum(hi - lo for lo, hi in chunks)
-        r = np.arange(n + 1)
-        terms = stage_terms(prof, i, chunks, r)
-        fits = np.broadcast_to(terms["memory"] <= cap, n + 1)
-        t = np.broadcast_to(terms["t"], n + 1)
-        tail = np.broadcast_to(terms["tail"], n + 1)
+    per_stage = stage_chunks(list(bounds), s.pp)
+    counts = [sum(hi - lo for lo, hi in chunks) for chunks in per_stage]
+    i = np.arange(s.pp)[:, None]
+    r = np.arange(max(counts) + 1)[None, :]
+    chunks = [(np.array([c[k][0] for c in per_stage])[:, None], np.array([c[k][1] for c in per_stage])[:, None])
+              for k in range(s.vpp)]
+    terms = stage_terms(prof, i, chunks, r)  # every stage and count at once
+    shape = (s.pp, r.shape[1])
+    fits = np.broadcast_to(terms["memory"] <= cap, shape)
+    t = np.broadcast_to(terms["t"], shape)
+    tail = np.broadcast_to(terms["tail"], shape)
+    options = []
+    for stage, n in enumerate(counts):
         kept, lowest = {}, float("inf")
-        for k in r:
-            if fits[k] and (rules.uniform_recompute or tail[k] < lowest):
-                kept[int(k)] = (float(t[k]), float(tail[k]))
-                lowest = min(lowest, float(tail[k]))
+        for k in range(n + 1):
+            if fits[stage, k] and (rules.uniform_recompute or tail[stage, k] < lowest):
+                kept[k] = (float(t[stage, k]), float(tail[stage, k]))
+                lowest = min(lowest, float(tail[stage, k]))
         options.append(kept)
-        counts.append(n)
     if not all(options):
         return None
     uniform = counts if rules.uniform_recompute else None

@@ -11,12 +11,12 @@ optimizer step), ok[...] whether it fits in memory. The objective is the cost mo
 
 For fixed thresholds (T, U) the best split minimises sum_i t_i over ranges with t <= T and
 tail <= U: a shortest path, best[i][b] = min_n best[i-1][b-n] + t[i, b-n, n-1] (Alpa, Zheng et
-al. 2022, §5.2, enumerates the bottleneck the same way). T runs upwards through the distinct
-values of the table and stops once (m - 1) * T + (least sum t) + (least feasible U) cannot beat
-the best step found; for each T, U runs down the breakpoints of the least sum (each programme's
-split has some largest tail u; only U < u can give another split). The result is the exact
-optimum over all contiguous splits whose stages hold at most N layers, unless the iteration
-limit stops it first (then `exhaustive` is False and the plan says it is not proven optimal).
+al. 2022, §5.2, enumerates the bottleneck the same way). The thresholds walk down the Pareto
+front of (max t, max tail, sum t) from (inf, inf), pruning every branch whose least possible
+step, (m - 1) * (least feasible T) + sum t + (least feasible U), cannot beat the best found. The
+result is the exact optimum over all contiguous splits whose stages hold at most N layers,
+unless the iteration limit stops it first (then `exhaustive` is False and the plan says it is
+not proven optimal).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 INF = float("inf")
-MAX_PROGRAMMES = 400
+MAX_PROGRAMMES = 64
 """shortest-path programmes per split before the DP gives up proving optimality"""
 
 
@@ -107,44 +107,45 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     t_values = np.unique(t[valid])
     u_values = np.unique(tail[valid])
 
-    def lowest_feasible(values, make):
-        lo, hi = 0, len(values) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if make(values[mid]) is None:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+    # Cheap floors valid for every split: max t >= sum t / p, and the largest tail is at least
+    # the least tail some range at the worst position can have.
+    t_floor = sigma_min / p
+    tails = np.where(valid, tail, INF).reshape(p, -1).min(axis=1)
+    u_floor = float(tails.max())
 
-    t0 = lowest_feasible(t_values, lambda T: solve(T, INF))
-    u_floor = u_values[lowest_feasible(u_values, lambda U: solve(INF, U))]
-    if (microbatches - 1) * t_values[t0] + sigma_min + u_floor >= min(cutoff, best_step):
-        return None if best_step >= cutoff else Split(bounds=tuple(best_bounds), recompute_layers=tuple(best_r),
-                                                      step_s=float(best_step), programmes=solved, exhaustive=True)
+    def below(values, x):
+        k = np.searchsorted(values, x) - 1
+        return values[k] if k >= 0 else None
+
+    # Walk the Pareto front of (max t, max tail, sum t) downwards from (inf, inf): a node's
+    # programme returns the least sum t under its thresholds; a better split must have a smaller
+    # max t or a smaller max tail than the one returned, so the children tighten one threshold to
+    # just below that split's own value. Tightening only raises sum t, which bounds a subtree.
     exhaustive = True
-    for T in t_values[t0:]:
-        if (microbatches - 1) * T + sigma_min + u_floor >= best_step:
+    stack, seen = [(INF, INF)], set()
+    while stack:
+        T, U = stack.pop()
+        if (T, U) in seen:
+            continue
+        seen.add((T, U))
+        if solved >= MAX_PROGRAMMES:
+            exhaustive = False
             break
-        # Down the breakpoints of the tail: each programme returns the least sum t with tails <= U;
-        # the next one only needs U below that split's own largest tail.
-        U = INF
-        while True:
-            if solved >= MAX_PROGRAMMES:
-                exhaustive = False
-                break
-            found = solve(T, U)
-            if found is None:
-                break
-            step, bounds, total, counts, u_max = found
-            if step < best_step:
-                best_step, best_bounds, best_r = step, bounds, counts
-            below = np.searchsorted(u_values, u_max) - 1
-            if below < 0 or (microbatches - 1) * t_values[t0] + total + u_floor >= best_step:
-                break
-            U = u_values[below]
-        if not exhaustive:
-            break
+        found = solve(T, U)
+        if found is None:
+            continue
+        step, bounds, total, counts, u_max = found
+        if step < best_step:
+            best_step, best_bounds, best_r = step, bounds, counts
+        if (microbatches - 1) * t_floor + total + u_floor >= min(best_step, cutoff):
+            continue
+        t_max = max(t[i, lo, hi - lo - 1, c] for i, ((lo, hi), c) in enumerate(zip(bounds, counts)))
+        u_next = below(u_values, u_max)
+        if u_next is not None:
+            stack.append((T, u_next))
+        t_next = below(t_values, t_max)
+        if t_next is not None and microbatches > 1:
+            stack.append((t_next, U))
     if best_step >= cutoff:
         return None
     return Split(bounds=tuple(best_bounds), recompute_layers=tuple(best_r), step_s=float(best_step),
