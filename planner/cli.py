@@ -106,8 +106,10 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
 @cli.command()
 @click.option("--runs", "runs_file", type=click.Path(dir_okay=False), help="runs YAML (default: the bundled calibration set)")
 @click.option("--no-loso", is_flag=True, help="skip the leave-one-source-out refits")
+@click.option("--plans", "with_plans", is_flag=True,
+              help="also search each run's setup and compare the plan with the published configuration")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document on stdout")
-def validate(runs_file, no_loso, as_json):
+def validate(runs_file, no_loso, with_plans, as_json):
     """Predicted vs published step times: per-run error, MAPE, leave-one-source-out.
 
     Without --runs: the bundled calibration set, then the bundled out-of-sample checks."""
@@ -123,7 +125,7 @@ def validate(runs_file, no_loso, as_json):
     runs = load_runs(runs_file)
     checks = [] if runs_file else load_runs(CHECKS)
     with report.progress("validating") as step:
-        result = run_validation(runs, loso=not no_loso, checks=checks, progress=step)
+        result = run_validation(runs, loso=not no_loso, checks=checks, plans=with_plans, progress=step)
     doc = rounded(summary(result))
     if as_json:
         click.echo(json.dumps(doc, indent=2))
@@ -244,6 +246,34 @@ def ranks(plan_file, as_json):
         click.echo(json.dumps(groups, indent=2, sort_keys=True))
     else:
         report.ranks_table(doc, groups)
+
+
+@cli.command()
+@click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True, help="runs per scenario (median)")
+@click.option("--quick", is_flag=True, help="only the single-count scenarios, one run each")
+@click.option("--json", "as_json", is_flag=True, help="print the table as JSON on stdout")
+def bench(repeat, quick, as_json):
+    """Time the search on the standard scenarios and show the size of the space it covered."""
+    import json
+    from dataclasses import asdict
+
+    from planner import report
+    from planner.bench import SCENARIOS, TARGET_S, plan_command_wall_s, run_scenario
+
+    rows = []
+    scenarios = [s for s in SCENARIOS if not (quick and "-" in s[3])]
+    with report.progress("benchmarking") as step:
+        for k, scenario in enumerate(scenarios):
+            step(k, len(scenarios), scenario[0])
+            rows.append(run_scenario(*scenario, repeats=1 if quick else repeat))
+        step(len(scenarios), len(scenarios), "planner plan command (wall)")
+        wall = plan_command_wall_s(1 if quick else repeat)
+    doc = {"schema": "planner.bench/v1", "target_s": TARGET_S, "scenarios": [asdict(r) for r in rows],
+           "plan_command_405b_wall_s": wall}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        report.bench_table(doc)
 
 
 @cli.command("models")

@@ -188,6 +188,15 @@ def validation_table(doc: dict) -> None:
         line += (f"; leave-one-source-out MAPE {doc['loso']['mape'] * 100:.2f} % "
                  f"(max {doc['loso']['max_abs_error'] * 100:.1f} %)")
     err.print(f"[bold]{line}[/bold]")
+    if "plans" in doc:
+        t = Table(title="unconstrained plan vs the published configuration (same model)", title_justify="left")
+        for col in ("run", "published config", "plan", "plan strategy", "at least as fast and fits"):
+            t.add_column(col, justify="left" if col in ("run", "plan strategy") else "right")
+        for r in doc["plans"]["runs"]:
+            t.add_row(r["id"], _fmt_s(r["published_config_step_time_s"]),
+                      _fmt_s(r["plan_step_time_s"]) if r["plan_step_time_s"] else "-", r.get("plan", "-"),
+                      "yes" if r["plan_not_slower"] and r["plan_fits"] else "[red]no[/red]")
+        err.print(t)
     if "checks" in doc:
         c = doc["checks"]
         err.print(_runs_table("out-of-sample checks (never fitted on)", c["runs"]))
@@ -202,3 +211,18 @@ def fit_table(result) -> None:
     for name in result.efficiency.PARAMETERS:
         t.add_row(name, f"{getattr(result.efficiency, name):.4f}")
     err.print(t)
+
+
+def bench_table(doc: dict) -> None:
+    t = Table(title=f"search speed (median; target {doc['target_s']:.0f} s per scenario)", title_justify="left")
+    for col in ("scenario", "GPU counts", "candidates", "pruned (memory)", "pruned (bound)", "priced", "time",
+                "best step", "proven"):
+        t.add_column(col, justify="left" if col == "scenario" else "right")
+    for r in doc["scenarios"]:
+        ok = "green" if r["median_s"] <= doc["target_s"] else "red"
+        t.add_row(r["name"], str(r["counts"]), f"{r['considered']:,}", f"{r['pruned_memory']:,}",
+                  f"{r['pruned_bound']:,}", f"{r['priced']:,}", f"[{ok}]{r['median_s']:.2f} s[/{ok}]",
+                  _fmt_s(r["best_step_s"]) if r["best_step_s"] else "-", "yes" if r["proven_optimal"] else "no")
+    err.print(t)
+    err.print(f"planner plan, llama3-405b on 16384 GPUs, whole command: {doc['plan_command_405b_wall_s']:.2f} s wall "
+              f"(target 2 s)")

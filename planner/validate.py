@@ -23,14 +23,24 @@ class Validation:
     """(held-out source, run priced with the fit that excluded it); None when not asked for"""
     checks: tuple[Priced, ...] = ()
     """out-of-sample runs no fit ever used, priced with the shipped presets"""
+    plans: tuple = ()
+    """per run, the unconstrained search's best candidate (None when nothing fits)"""
 
 
 def _mape(errors) -> float:
     return float(np.mean(np.abs(errors))) if len(errors) else 0.0
 
 
-def validate(runs: list[Run], loso: bool = True, checks: list[Run] = (), progress=None) -> Validation:
+def validate(runs: list[Run], loso: bool = True, checks: list[Run] = (), plans: bool = False,
+             progress=None) -> Validation:
     priced = tuple(price_run(r) for r in runs)
+    searched = []
+    if plans:
+        from planner.search.driver import search
+        for k, r in enumerate(runs):
+            if progress:
+                progress(k, len(runs), f"searching {r.id}")
+            searched.append(search(r.model, r.cluster, r.setup, {}, top=0).best)
     held = []
     if loso:
         by_gpu: dict[str, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
@@ -44,7 +54,7 @@ def validate(runs: list[Run], loso: bool = True, checks: list[Run] = (), progres
             result = fit(train, start=train[0].cluster.efficiency)
             held.extend((source, price_run(r, result.efficiency)) for r in by_gpu[gpu][source])
     return Validation(priced=priced, loso=tuple(held) if loso else None,
-                      checks=tuple(price_run(r) for r in checks))
+                      checks=tuple(price_run(r) for r in checks), plans=tuple(searched))
 
 
 def _rows(priced) -> list[dict]:
@@ -90,6 +100,20 @@ def summary(v: Validation) -> dict:
         doc["loso"] = {"mape": _mape(loso_errors), "max_abs_error": _max(loso_errors),
                        "sources": _by_source((s, p.error) for s, p in v.loso),
                        "runs": [{"id": p.run.id, "held_out_source": s, "error": p.error} for s, p in v.loso]}
+    if v.plans:
+        plan_rows = []
+        for p, best in zip(v.priced, v.plans):
+            row = {"id": p.run.id, "published_config_step_time_s": p.estimate.step_time_s,
+                   "plan_step_time_s": best.step_time_s if best else None,
+                   "plan_fits": bool(best and best.fits),
+                   "plan_not_slower": bool(best and best.step_time_s <= p.estimate.step_time_s * (1 + 1e-9))}
+            if best:
+                s = best.strategy
+                row["plan"] = f"dp {s.dp} tp {s.tp} pp {s.pp} cp {s.cp} vpp {s.vpp} mb {s.micro_batch} " \
+                              f"zero {s.zero} {s.recompute}"
+            plan_rows.append(row)
+        doc["plans"] = {"all_not_slower": all(r["plan_not_slower"] and r["plan_fits"] for r in plan_rows),
+                        "runs": plan_rows}
     if v.checks:
         check_errors = [p.error for p in v.checks]
         doc["checks"] = {"mape": _mape(check_errors), "max_abs_error": _max(check_errors),
