@@ -276,6 +276,79 @@ def bench(repeat, quick, as_json):
         report.bench_table(doc)
 
 
+@cli.command()
+def schema():
+    """Print the JSON Schema of planner.plan/v1."""
+    import json
+
+    from planner.schema import PLAN_SCHEMA
+    click.echo(json.dumps(PLAN_SCHEMA, indent=2, sort_keys=True))
+
+
+@cli.command("diff")
+@click.argument("old_file", type=click.Path(dir_okay=False))
+@click.argument("new_file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the differences as JSON on stdout")
+def diff_command(old_file, new_file, as_json):
+    """Compare two plans: exit 0 when equivalent, 1 when they differ."""
+    import json
+
+    from planner import report
+    from planner.compare import diff
+    from planner.plan import read_plan, rounded
+
+    changes = diff(read_plan(old_file), read_plan(new_file))
+    if as_json:
+        click.echo(json.dumps(rounded({"equivalent": not changes, "changes": changes}), indent=2, sort_keys=True))
+    else:
+        report.diff_table(changes, old_file, new_file)
+    sys.exit(1 if changes else 0)
+
+
+@cli.command("check")
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--tolerance", type=click.FloatRange(0), default=0.02, show_default=True,
+              help="allowed relative growth of the predicted step time")
+@click.option("--refresh-presets", is_flag=True, help="re-resolve preset names from the installed presets first")
+@click.option("--json", "as_json", is_flag=True, help="print the verdict as JSON on stdout")
+def check_command(plan_file, tolerance, refresh_presets, as_json):
+    """Re-plan from the plan's recorded inputs: exit 0 if unchanged, 1 if stale or regressed."""
+    import json
+
+    from planner import report
+    from planner.plan import read_plan, rounded
+    from planner.planning import check_plan
+
+    doc = read_plan(plan_file)
+    with report.progress("re-planning", delay_s=1.0):
+        result = check_plan(doc, tolerance, refresh_presets)
+    if as_json:
+        out = {k: v for k, v in result.items() if k != "fresh"}
+        click.echo(json.dumps(rounded(out), indent=2, sort_keys=True))
+    else:
+        report.check_lines(result, plan_file)
+    sys.exit(0 if result["verdict"] == "ok" else 1)
+
+
+@cli.command("export")
+@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.option("--to", "runtime", type=click.Choice(["megatron", "deepspeed", "torchtitan", "nanotron"]), required=True)
+@click.option("--format", "fmt", help="megatron: lines|shell; torchtitan: toml|cli")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="write here (atomically) instead of stdout")
+def export_command(plan_file, runtime, fmt, output):
+    """Turn a plan into the configuration of a training runtime."""
+    from planner.export import export
+    from planner.plan import read_plan, write_atomic
+
+    text = export(read_plan(plan_file), runtime, fmt)
+    if output:
+        write_atomic(output, text)
+        from planner.report import err
+        err.print(f"{runtime} configuration written to {output}")
+    else:
+        click.echo(text, nl=not text.endswith("\n"))
+
+
 @cli.command("models")
 def list_models() -> None:
     """List model presets."""

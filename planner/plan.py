@@ -98,7 +98,9 @@ def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Stra
     }
     if search is not None:
         plan["search"] = search
-    return rounded(plan)
+    inputs = plan.pop("inputs")
+    # inputs keep full precision so that `planner check` re-plans from exactly these values
+    return {**rounded(plan), "inputs": inputs}
 
 
 def dumps(doc: dict) -> str:
@@ -127,17 +129,26 @@ def sweep_document(entries: list[dict]) -> dict:
 
 
 def read_plan(path) -> dict:
-    """A plan document from a file (PlanFormatError naming what is wrong)."""
+    """A plan document from a file, validated against the schema (PlanFormatError naming the
+    file and the key that is wrong)."""
     from planner.errors import PlanFormatError
+    from planner.schema import PLAN_SCHEMA, check
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise PlanFormatError(f"{path}: no such plan file") from None
+    except IsADirectoryError:
+        raise PlanFormatError(f"{path}: is a folder, not a plan file") from None
     except json.JSONDecodeError as e:
         raise PlanFormatError(f"{path}: not a JSON document (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise PlanFormatError(f"{path}: schema {found!r} is not {SCHEMA}")
+    if not isinstance(doc, dict):
+        raise PlanFormatError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    if doc.get("schema") != SCHEMA:
+        raise PlanFormatError(f"{path}: schema {doc.get('schema')!r} is not {SCHEMA} (this planner reads {SCHEMA})")
+    try:
+        check(doc, PLAN_SCHEMA)
+    except PlanFormatError as e:
+        raise PlanFormatError(f"{path}: {e}") from None
     return doc
 
 

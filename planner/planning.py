@@ -42,3 +42,49 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
     return build_plan(model, cluster, setup, best.strategy, est, constraints,
                       {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives, notes=notes,
                       search=result.summary())
+
+
+def replan(doc: dict, refresh_presets: bool = False) -> dict:
+    """Plan again from the inputs a plan recorded (resolved specs, training, constraints,
+    solver) with the installed version; `refresh_presets` re-reads preset names first."""
+    from planner.presets import preset_names
+    from planner.spec.hardware import Cluster, load_cluster
+    from planner.spec.model import ModelSpec, load_model
+
+    inputs = doc["inputs"]
+    model = ModelSpec.from_dict(inputs["model"], "plan inputs.model")
+    cluster = Cluster.from_dict(inputs["cluster"], "plan inputs.cluster")
+    if refresh_presets:
+        if model.name in preset_names("models"):
+            model = load_model(model.name)
+        if cluster.name in preset_names("hardware/clusters"):
+            cluster = load_cluster(cluster.name)
+    tr = inputs["training"]
+    return make_plan(model, cluster, gpus=tr["gpus"], global_batch=tr["global_batch"], seq_len=tr["seq_len"],
+                     precision=tr["precision"], attention=tr["attention"], runtime=tr["runtime"],
+                     constraints=dict(inputs["constraints"]), solver=inputs["solver"]["name"],
+                     time_limit_s=inputs["solver"]["time_limit_s"], top=len(doc.get("alternatives", [])))
+
+
+def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> dict:
+    """Verdict of `planner check`: 'ok', 'stale' (the best strategy changed, even if faster) or
+    'regressed' (the predicted step time grew by more than `tolerance`)."""
+    from planner.compare import diff
+
+    fresh = replan(doc, refresh_presets)
+    old_step = doc["prediction"]["step_time_s"]
+    new_step = fresh["prediction"]["step_time_s"]
+    growth = new_step / old_step - 1.0
+    changed = diff({"strategy": doc["strategy"]}, {"strategy": fresh["strategy"]})
+    if changed:
+        verdict = "stale"
+        why = (f"the best strategy changed ({', '.join(c['key'].split('.', 1)[1] for c in changed)}); "
+               f"the new plan is {'faster' if growth < 0 else 'slower'} by {abs(growth) * 100:.2f}%")
+    elif growth > tolerance:
+        verdict = "regressed"
+        why = f"predicted step time grew by {growth * 100:.2f}% (> {tolerance * 100:.2f}%)"
+    else:
+        verdict = "ok"
+        why = f"same strategy; step time {growth * 100:+.2f}% (tolerance {tolerance * 100:.2f}%)"
+    return {"verdict": verdict, "reason": why, "step_time_change": growth, "changes": diff(doc, fresh),
+            "fresh": fresh}

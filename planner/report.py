@@ -226,3 +226,23 @@ def bench_table(doc: dict) -> None:
     err.print(t)
     err.print(f"planner plan, llama3-405b on 16384 GPUs, whole command: {doc['plan_command_405b_wall_s']:.2f} s wall "
               f"(target 2 s)")
+
+
+def diff_table(changes: list[dict], old_name: str, new_name: str) -> None:
+    if not changes:
+        err.print(f"[green]equivalent[/green]: {old_name} and {new_name}")
+        return
+    t = Table(title=f"{old_name} -> {new_name}: {len(changes)} difference(s)", title_justify="left")
+    for col in ("key", "old", "new", "change"):
+        t.add_column(col, justify="left" if col == "key" else "right")
+    for c in changes:
+        pct = f"{c['change_pct']:+.2f} %" if "change_pct" in c else ""
+        t.add_row(c["key"], str(c["old"]), str(c["new"]), pct)
+    err.print(t)
+
+
+def check_lines(result: dict, plan_name: str) -> None:
+    colour = {"ok": "green", "stale": "yellow", "regressed": "red"}[result["verdict"]]
+    err.print(f"[{colour}]{result['verdict']}[/{colour}]: {plan_name}: {result['reason']}")
+    if result["verdict"] != "ok":
+        diff_table(result["changes"], plan_name, "re-planned")
