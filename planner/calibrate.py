@@ -18,6 +18,7 @@ from scipy.optimize import least_squares
 from planner.errors import SpecError
 from planner.runs import Run, price_run
 from planner.spec.hardware import FAMILY_DEFAULTS, Efficiency
+from planner.units import round_sig
 
 BOUNDS = {
     "gemm_peak_fraction": (0.3, 1.0),
@@ -82,7 +83,8 @@ def efficiency_yaml(result: Fit, runs_file: str) -> str:
     e = result.efficiency
     lines = [f"efficiency:  # fitted by `planner calibrate --runs {runs_file}` (rms log error {result.rms_log_error:.4f})"]
     for name in Efficiency.PARAMETERS:
-        lines.append(f"  {name}: {round(getattr(e, name), 4)}")
+        # 6 significant digits: what a plan file records, so a re-plan from a plan reproduces it
+        lines.append(f"  {name}: {round_sig(getattr(e, name), 6)}")
     lines.append(f"  source: \"fitted on {len(result.run_ids)} runs of {runs_file}\"")
     lines.append("  fitted_on:")
     lines.extend(f"  - {rid}" for rid in result.run_ids)

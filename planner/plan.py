@@ -98,9 +98,7 @@ def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Stra
     }
     if search is not None:
         plan["search"] = search
-    inputs = plan.pop("inputs")
-    # inputs keep full precision so that `planner check` re-plans from exactly these values
-    return {**rounded(plan), "inputs": inputs}
+    return rounded(plan)
 
 
 def dumps(doc: dict) -> str:
