@@ -15,7 +15,7 @@ from pathlib import Path
 from planner.cost.step import StepEstimate, estimate
 from planner.errors import PlannerError, SpecError
 from planner.search.space import MAX_VPP
-from planner.spec.fields import Fields, load_mapping
+from planner.spec.fields import Fields
 from planner.spec.hardware import Cluster, Efficiency, load_cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import STRATEGY_KNOBS, Strategy, TrainingSetup, resolve_strategy

@@ -9,45 +9,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import REPO, one_error_line, run
 
 from planner.cost.step import model_flops_per_sequence
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
 
-REPO = Path(__file__).resolve().parent.parent
 
 ESTIMATE = ["estimate", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "32", "--tp", "2"]
 
 BREAKDOWN_KEYS = {"compute", "recompute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm_exposed",
                   "optimizer"}
 MEMORY_KEYS = {"weights", "grads", "optimizer", "activations", "other"}
-
-
-def run(*args: str, debug: bool = False, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("PLANNER_DEBUG", None)
-    if debug:
-        env["PLANNER_DEBUG"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "planner", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=300)
-
-
-def one_error_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
-    """Assert the run failed with `code` and told the human in exactly one line; return it."""
-    assert result.returncode == code, (result.returncode, result.stderr)
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 def floats(value):

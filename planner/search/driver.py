@@ -25,7 +25,6 @@ from planner.cost import comm, compute, memory
 from planner.cost.step import (ADAM_BYTES_PER_PARAM, StepEstimate, estimate, profile, split_step, split_terms,
                                 stage_terms)
 from planner.cost.pipeline import split_layers, stage_chunks
-from planner.errors import PlannerError, SpecError
 from planner.search import ilp, space, stages
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec

@@ -1,0 +1,194 @@
+"""planner plan / ranks / diff / check / schema through the real command line."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from conftest import one_error_line, run
+
+PLAN = ["plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096"]
+
+
+@pytest.fixture(scope="module")
+def plan_doc(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plans") / "plan.json"
+    result = run(*PLAN, "--json", "-o", str(path))
+    assert result.returncode == 0, result.stderr
+    return path, result.stdout
+
+
+def test_plan_prints_one_document_and_writes_the_same_bytes(plan_doc):
+    path, stdout = plan_doc
+    doc = json.loads(stdout)
+    assert doc["schema"] == "planner.plan/v1"
+    assert path.read_text() == stdout
+    assert doc["prediction"]["fits"]
+    assert doc["search"]["priced"] >= 1 and doc["search"]["considered"] >= doc["search"]["priced"]
+
+
+def test_plan_is_deterministic(plan_doc):
+    _, stdout = plan_doc
+    assert run(*PLAN, "--json").stdout == stdout
+
+
+def test_runners_up_say_why_they_lost(plan_doc):
+    doc = json.loads(plan_doc[1])
+    assert 1 <= len(doc["alternatives"]) <= 3 + 1  # --top 3, plus a faster candidate that does not fit
+    best = doc["prediction"]["step_time_s"]
+    for alt in doc["alternatives"]:
+        assert alt["why_not"].startswith(("slower by", "does not fit by"))
+        if alt["why_not"].startswith("slower"):
+            assert alt["step_time_s"] >= best
+
+
+def test_top_controls_the_runners_up():
+    doc = json.loads(run(*PLAN, "--top", "1", "--json").stdout)
+    assert len(doc["alternatives"]) <= 2  # one runner-up, plus a faster candidate that does not fit
+    assert all(a["why_not"].startswith("slower") for a in doc["alternatives"][:1])
+
+
+def test_constraints_are_honoured_on_the_command_line():
+    doc = json.loads(run(*PLAN, "--tp", "2", "--pp", "2", "--zero", "1", "--json").stdout)
+    st = doc["strategy"]
+    assert (st["tp"], st["pp"], st["zero"]) == (2, 2, 1)
+    assert doc["inputs"]["constraints"] == {"tp": 2, "pp": 2, "zero": 1}
+
+
+def test_human_output_goes_to_stderr_only():
+    result = run(*PLAN)
+    assert result.returncode == 0
+    assert result.stdout == ""
+    assert "runners-up" in result.stderr and "search:" in result.stderr
+
+
+def test_cbc_prints_nothing_on_stdout():
+    result = run(*PLAN, "--recompute", "full", "--pp", "2", "--vpp", "2", "--solver", "cbc", "--json")
+    assert result.returncode == 0, result.stderr
+    json.loads(result.stdout)
+
+
+def test_infeasible_exits_3_and_leaves_no_file(tmp_path):
+    out = tmp_path / "plan.json"
+    out.write_text("previous")
+    result = run("plan", "-m", "llama3-405b", "-c", "dgx-a100-40g", "--gpus", "8", "--global-batch", "8",
+                 "-o", str(out))
+    line = one_error_line(result, code=3)
+    assert "GiB per GPU" in line and "40.0 GiB" in line and "more GPUs" in line
+    assert out.read_text() == "previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpus", "12", "--global-batch", "64"], "whole nodes"),
+    (["-m", "bert-large", "--gpus", "512", "--global-batch", "3"], "global batch"),
+    (["--gpus", "16", "--global-batch", "64", "--tp", "3"], "constraints"),
+])
+def test_impossible_requests_exit_2(args, needle):
+    result = run("plan", "-m", "llama3-8b", "-c", "dgx-h100", *args)
+    assert needle in one_error_line(result, code=2)
+
+
+def test_sweep_over_gpu_counts():
+    result = run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8,16,24", "--global-batch", "48",
+                 "--seq-len", "4096", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "planner.sweep/v1"
+    assert [e["gpus"] for e in doc["plans"]] == [8, 16, 24]
+    assert all("plan" in e or "infeasible" in e for e in doc["plans"])
+
+
+def test_ranks_lists_every_group(plan_doc):
+    path, stdout = plan_doc
+    doc = json.loads(stdout)
+    groups = json.loads(run("ranks", str(path), "--json").stdout)
+    st = doc["strategy"]
+    gpus = st["dp"] * st["tp"] * st["pp"] * st["cp"]
+    for dim in ("tp", "dp", "pp", "cp"):
+        assert sorted(r for g in groups[dim] for r in g) == list(range(gpus))
+        assert all(len(g) == st[dim] for g in groups[dim])
+
+
+# --- diff, check, schema ---------------------------------------------------------------------
+
+def _write(tmp_path, name, doc):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_diff_identical_plans_exit_0(plan_doc, tmp_path):
+    path, _ = plan_doc
+    result = run("diff", str(path), str(path), "--json")
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == {"changes": [], "equivalent": True}
+
+
+def test_diff_ignores_version_and_alternatives(plan_doc, tmp_path):
+    doc = json.loads(plan_doc[1])
+    other = copy.deepcopy(doc)
+    other["planner_version"] = "9.9.9"
+    other["alternatives"] = []
+    assert run("diff", str(plan_doc[0]), _write(tmp_path, "b.json", other)).returncode == 0
+
+
+def test_diff_a_changed_degree_exits_1(plan_doc, tmp_path):
+    doc = json.loads(plan_doc[1])
+    other = copy.deepcopy(doc)
+    other["strategy"]["micro_batch"] += 1
+    result = run("diff", str(plan_doc[0]), _write(tmp_path, "b.json", other), "--json")
+    assert result.returncode == 1
+    assert [c["key"] for c in json.loads(result.stdout)["changes"]] == ["strategy.micro_batch"]
+
+
+def test_check_unchanged_plan_exits_0(plan_doc):
+    result = run("check", str(plan_doc[0]))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("ok")
+
+
+def test_check_stale_strategy_exits_1(plan_doc, tmp_path):
+    doc = json.loads(plan_doc[1])
+    doc["strategy"]["micro_batch"] += 1
+    result = run("check", _write(tmp_path, "stale.json", doc), "--json")
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["verdict"] == "stale"
+
+
+@pytest.mark.parametrize("factor,tolerance,code", [(0.99, 0.02, 0), (0.97, 0.02, 1), (0.97, 0.05, 0)])
+def test_check_slower_prediction_against_the_tolerance(plan_doc, tmp_path, factor, tolerance, code):
+    """A committed plan that predicted a faster step than the installed model now gives: the
+    re-plan is slower by 1/factor - 1."""
+    doc = json.loads(plan_doc[1])
+    doc["prediction"]["step_time_s"] *= factor
+    result = run("check", _write(tmp_path, "old.json", doc), "--tolerance", str(tolerance), "--json")
+    assert result.returncode == code, result.stdout
+    assert json.loads(result.stdout)["verdict"] == ("ok" if code == 0 else "regressed")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: d.update(schema="planner.plan/v0"), "planner.plan/v0"),
+    (lambda d: d["strategy"].pop("tp"), "strategy.tp: missing"),
+    (lambda d: d["strategy"].update(tp="8"), "strategy.tp: expected integer"),
+    (lambda d: d["prediction"].update(step_time_s=None), "prediction.step_time_s"),
+])
+def test_broken_plans_exit_2_naming_the_key(plan_doc, tmp_path, edit, needle):
+    doc = json.loads(plan_doc[1])
+    edit(doc)
+    path = _write(tmp_path, "broken.json", doc)
+    for command in (["diff", path, path], ["check", path], ["ranks", path]):
+        assert needle in one_error_line(run(*command), code=2)
+
+
+def test_truncated_plan_exits_2(plan_doc, tmp_path):
+    path = tmp_path / "cut.json"
+    path.write_text(plan_doc[1][: len(plan_doc[1]) // 2])
+    assert "not a JSON document" in one_error_line(run("check", str(path)), code=2)
+
+
+def test_schema_describes_the_plan(plan_doc):
+    schema = json.loads(run("schema").stdout)
+    assert schema["title"] == "planner.plan/v1"
+    assert set(schema["required"]) <= set(json.loads(plan_doc[1]))
