@@ -164,9 +164,6 @@ _PREFIX_KEYS = ("comp", "fwd", "bwd", "tp", "cp", "ep", "params", "expert", "gem
 
 
 def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy) -> Profile:
-    layers = _layers(model)
-    gpu, eff = cluster.gpu, cluster.efficiency
-    peak = gpu.flops(setup.precision)
     degrees = {"tp": s.tp, "cp": s.cp, "dp": s.dp, "pp": s.pp, "ep": s.ep}
     g = min(cluster.gpus_per_node, setup.gpus)
     spans = {d: span(s.order, degrees, (d,), g) for d in ("tp", "cp", "ep", "pp", "edp")}
@@ -174,18 +171,38 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
     base = Ctx(micro_batch=s.micro_batch, seq_len=setup.seq_len, tp=s.tp, cp=s.cp, ep=s.ep,
                sp=s.sequence_parallel, flash=setup.attention == "flash", dropout=model.dropout)
     base_mode = "none" if s.recompute == "full" else s.recompute
-    memo: dict = {}
+    prefix, ends, transient, prefetch = _layer_tables(model, cluster, setup.precision, base, base_mode,
+                                                      spans["tp"], spans["cp"], spans["ep"])
+    if s.pp == 1 and model.tied_embeddings and not model.is_graph:
+        # one stage: the embedding table serves as the head
+        ends = {**ends, "head_params": ends["head_params"] - model.vocab * model.hidden / s.tp}
+    p2p = 0.0
+    if s.pp > 1:
+        if model.is_graph:
+            msg = max(l.explicit[3] for l in _layers(model)) * s.micro_batch
+            p2p = 2 * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
+        else:
+            # Megatron's scatter/gather optimisation (Narayanan et al. 2021 §4.1): each tp rank
+            # sends 1/tp of the boundary activation and the receivers all-gather it over NVLink.
+            msg = setup.seq_len / s.cp * s.micro_batch * model.hidden * 2 / s.tp
+            p2p = 2 * s.vpp * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
+    return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
+                   microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision),
+                   prefix=prefix, ends=ends, p2p_s=p2p, transient_bytes=transient, prefetch_bytes=prefetch, spans=spans)
 
-    def cost_of(layer, mode):
-        key = (id(layer), mode)
-        if key not in memo:
-            memo[key] = layer_cost(layer, replace(base, recompute=mode), cluster, setup.precision,
-                                   spans["tp"], spans["cp"], spans["ep"])
-        return memo[key]
 
+@lru_cache(maxsize=4096)
+def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx, base_mode: str,
+                  tp_span: Span, cp_span: Span, ep_span: Span) -> tuple[dict, dict, float, float]:
+    """Prefix sums of the layer prices and the embedding/head terms for one layer context
+    (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order)."""
+    gpu, eff = cluster.gpu, cluster.efficiency
+    peak = gpu.flops(precision)
     kinds, kind_index = _kinds(model)
-    base_costs = [cost_of(k, base_mode) for k in kinds]
-    full_costs = [cost_of(k, "full") for k in kinds]
+    base_costs = [layer_cost(k, replace(base, recompute=base_mode), cluster, precision, tp_span, cp_span, ep_span)
+                  for k in kinds]
+    full_costs = [layer_cost(k, replace(base, recompute="full"), cluster, precision, tp_span, cp_span, ep_span)
+                  for k in kinds]
     rows = {
         "comp": [c.fwd + c.bwd for c in base_costs], "fwd": [c.fwd for c in base_costs],
         "bwd": [c.bwd for c in base_costs], "tp": [c.tp for c in base_costs], "cp": [c.cp for c in base_costs],
@@ -196,40 +213,23 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
         "main_b": [c.saved_main for c in base_costs], "main_f": [c.saved_main for c in full_costs],
     }
     prefix = {k: np.concatenate(([0.0], np.cumsum(np.asarray(v)[kind_index]))) for k, v in rows.items()}
-
-    def t_gemm(flops, inten):
-        return compute.gemm_time_s(flops, inten, peak, eff)
+    emb, head = embedding_work(model, base), head_work(model, base)
 
     def t_mem(n_bytes):
         return compute.memory_time_s(n_bytes, gpu.hbm_Bps, eff)
 
-    def coll(kind, n_bytes):
-        return comm.collective_time_s(kind, n_bytes, spans["tp"], cluster)
+    def coll(n_bytes):
+        return comm.collective_time_s("all_reduce", n_bytes, tp_span, cluster)
 
-    emb, head = embedding_work(model, base), head_work(model, base)
-    head_params = head.params_local
-    if s.pp == 1 and model.tied_embeddings and not model.is_graph:
-        head_params -= model.vocab * model.hidden / s.tp  # the embedding table serves as the head
-    ends = {"emb_comp": t_mem(emb.elementwise_bytes), "emb_tp": coll("all_reduce", emb.tp_message_bytes),
+    ends = {"emb_comp": t_mem(emb.elementwise_bytes), "emb_tp": coll(emb.tp_message_bytes),
             "emb_params": emb.params_local, "emb_saved": emb.saved_bytes,
-            "head_comp": 3 * t_gemm(head.gemm_flops, head.gemm_intensity) + t_mem(head.elementwise_bytes),
-            "head_tp": 2 * coll("all_reduce", head.tp_message_bytes or emb.tp_message_bytes),
-            "head_params": head_params, "head_saved": head.saved_bytes}
-    p2p = 0.0
-    if s.pp > 1:
-        if model.is_graph:
-            msg = max(l.explicit[3] for l in layers) * s.micro_batch
-            p2p = 2 * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
-        else:
-            # Megatron's scatter/gather optimisation (Narayanan et al. 2021 §4.1): each tp rank
-            # sends 1/tp of the boundary activation and the receivers all-gather it over NVLink.
-            msg = setup.seq_len / s.cp * s.micro_batch * model.hidden * 2 / s.tp
-            p2p = 2 * s.vpp * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
+            "head_comp": 3 * compute.gemm_time_s(head.gemm_flops, head.gemm_intensity, peak, eff)
+            + t_mem(head.elementwise_bytes),
+            "head_tp": 2 * coll(head.tp_message_bytes or emb.tp_message_bytes),
+            "head_params": head.params_local, "head_saved": head.saved_bytes}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
-    return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
-                   microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision),
-                   prefix=prefix, ends=ends, p2p_s=p2p, transient_bytes=transient, prefetch_bytes=prefetch, spans=spans)
+    return prefix, ends, transient, prefetch
 
 
 def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: bool = False) -> dict:
