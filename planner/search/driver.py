@@ -175,8 +175,8 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                     rec_floor = _recompute_floor(least_state, saved_b.min(), float((saved_b - saved_f).max()),
                                                  float(np.diff(P["rec_f"]).min()), L, pp, m, v, cap)
                 sigma = total + pp * prof.p2p_s * v + zfloor + rec_floor
-                bound = ((m - 1.0 / v) / pp + 1.0 / v) * sigma + tail_floor
-                heapq.heappush(heap, (bound, len(heap), knobs, v, zero))
+                pipe = ((m - 1.0 / v) / pp + 1.0 / v) * sigma
+                heapq.heappush(heap, (pipe + tail_floor, len(heap), knobs, v, zero, pipe if pp > 1 else None))
     if progress:
         progress(0, len(heap), "pricing")
 
@@ -187,7 +187,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     optimal = True
     pruned_bound = 0
     while heap:
-        bound, _, knobs, v, zero = heapq.heappop(heap)
+        bound, order, knobs, v, zero, pipe = heapq.heappop(heap)
         if best is not None and bound >= best.step_time_s:
             pruned_bound = len(heap) + 1
             break
@@ -195,6 +195,13 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                      recompute_layers=fixed.get("recompute_layers"))
         if strategy_problems(s, model, setup):
             continue
+        if pipe is not None:
+            # refine on first pop: the first and the last stage hold at least one layer each, so the
+            # largest tail is at least the least tail either can have
+            refined = pipe + _tail_floor(profile(model, cluster, setup, s), s.recompute == "full")
+            if refined > bound * (1 + 1e-12):
+                heapq.heappush(heap, (refined, order, knobs, v, zero, None))
+                continue
         found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
                               best.step_time_s if best is not None else float("inf"))
         if TRACE is not None:
@@ -225,6 +232,17 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                         programmes=programmes, ilp_solves=ilp_solves, proven_optimal=optimal,
                         elapsed_s=time.perf_counter() - start,
                         memory_floor_bytes=least_floor if np.isfinite(least_floor) else 0.0)
+
+
+def _tail_floor(prof, full: bool) -> float:
+    """Least tail the first or the last stage can have, over every one-layer range (a tail only
+    grows with more layers' gradients and shrinks with more backward to hide behind, which a
+    single layer bounds per layer; the optimizer share is proportional)."""
+    L = prof.model.layers
+    a = np.arange(L)
+    first = stage_terms(prof, 0, [(a, a + 1)], 1 if full else 0)["tail"]
+    last = stage_terms(prof, prof.strategy.pp - 1, [(a, a + 1)], 1 if full else 0)["tail"]
+    return float(max(np.min(first), np.min(last)))
 
 
 def _zero_traffic(prof, zero: int, dense: float, expert: float) -> float:
