@@ -32,3 +32,9 @@ class SolverError(PlannerError):
     """A solver failed and left no plan."""
 
     exit_code = 3
+
+
+class ExportError(PlannerError):
+    """A plan cannot be written for a training runtime: the runtime lacks something the plan needs."""
+
+    exit_code = 2

@@ -30,7 +30,6 @@ from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
 
-TRACE = None
 MAX_STAGE_FACTOR = 2
 """a stage holds at most MAX_STAGE_FACTOR * ceil(layers / pp) layers (part of the stated space)"""
 
@@ -102,8 +101,8 @@ def _outer(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     """Yield the outer choices without vpp and zero (they only change cheap terms of the bound)."""
     for tp, cp, pp, dp in space.degree_tuples(model, cluster, setup, fixed, rules):
         for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
-            for mb in space._allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch")):
-                for mode in space._allowed(space.RECOMPUTES, fixed.get("recompute")):
+            for mb in space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch")):
+                for mode in space.allowed(space.RECOMPUTES, fixed.get("recompute")):
                     for order in (space.ORDERS if "order" not in fixed else (fixed["order"],)):
                         sp = fixed.get("sequence_parallel", tp > 1)
                         yield dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=mb, recompute=mode,
@@ -204,8 +203,6 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                 continue
         found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
                               best.step_time_s if best is not None else float("inf"))
-        if TRACE is not None:
-            TRACE.append((bound, [(c.step_time_s, c.fits) for c in found], s))
         priced += 1
         programmes += stats["programmes"]
         ilp_solves += stats["ilp"]

@@ -66,22 +66,23 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def _allowed(values, fixed):
+def allowed(values, fixed):
+    """The values a constraint leaves (all when the knob is free)."""
     return [v for v in values if fixed is None or v == fixed]
 
 
 def tp_options(model: ModelSpec, cluster: Cluster, gpus: int, fixed: int | None) -> list[int]:
     if model.is_graph:
-        return _allowed([1], fixed)
+        return allowed([1], fixed)
     limit = gpus if fixed is not None else min(gpus, cluster.gpus_per_node)
-    return _allowed([t for t in divisors(gpus) if t <= limit and model.heads % t == 0
+    return allowed([t for t in divisors(gpus) if t <= limit and model.heads % t == 0
                      and (model.kv_heads % t == 0 or t % model.kv_heads == 0)], fixed)
 
 
 def cp_options(model: ModelSpec, setup: TrainingSetup, rest: int, fixed: int | None, rules: RuntimeRules) -> list[int]:
     if model.is_graph or not rules.context_parallel:
-        return _allowed([1], fixed)
-    return _allowed([c for c in divisors(rest) if setup.seq_len % c == 0
+        return allowed([1], fixed)
+    return allowed([c for c in divisors(rest) if setup.seq_len % c == 0
                      and (c == 1 or setup.seq_len // c >= MIN_CP_TOKENS)], fixed)
 
 
@@ -91,7 +92,7 @@ def degree_tuples(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixe
     for tp in tp_options(model, cluster, gpus, fixed.get("tp")):
         for cp in cp_options(model, setup, gpus // tp, fixed.get("cp"), rules):
             rest = gpus // (tp * cp)
-            for pp in _allowed(divisors(rest), fixed.get("pp")):
+            for pp in allowed(divisors(rest), fixed.get("pp")):
                 dp = rest // pp
                 if pp > model.layers or setup.global_batch % dp or ("dp" in fixed and fixed["dp"] != dp):
                     continue
@@ -100,8 +101,8 @@ def degree_tuples(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixe
 
 def ep_options(model: ModelSpec, dp: int, cp: int, fixed: int | None, rules: RuntimeRules) -> list[int]:
     if model.moe is None or not rules.expert_parallel:
-        return _allowed([1], fixed)
-    return _allowed([e for e in divisors(math.gcd(model.moe.experts, dp * cp))], fixed)
+        return allowed([1], fixed)
+    return allowed([e for e in divisors(math.gcd(model.moe.experts, dp * cp))], fixed)
 
 
 def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None, rules: RuntimeRules) -> list[int]:
