@@ -86,9 +86,13 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
         nonlocal solved
         solved += 1
         mask = valid & (tail <= U)
-        least = np.argmax(mask, axis=3)[..., None]
-        chosen = np.take_along_axis(t, least, axis=3)[..., 0]
-        usable = mask.any(axis=3) & (chosen <= T)
+        if t.shape[3] == 1:  # no recompute-count axis
+            least = np.zeros(t.shape, dtype=int)
+            chosen, usable = t[..., 0], mask[..., 0] & (t[..., 0] <= T)
+        else:
+            least = np.argmax(mask, axis=3)[..., None]
+            chosen = np.take_along_axis(t, least, axis=3)[..., 0]
+            usable = mask.any(axis=3) & (chosen <= T)
         total, cuts = _shortest(np.where(usable, chosen, INF))
         if not cuts:
             return None
@@ -109,7 +113,7 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
 
     # Cheap floors valid for every split: max t >= sum t / p, and the largest tail is at least
     # the least tail some range at the worst position can have.
-    t_floor = sigma_min / p
+    t_floor = max(sigma_min / p, float(np.where(valid, t, INF).reshape(p, -1).min(axis=1).max()))
     tails = np.where(valid, tail, INF).reshape(p, -1).min(axis=1)
     u_floor = float(tails.max())
 
