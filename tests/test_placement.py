@@ -39,3 +39,22 @@ def test_expert_group_is_innermost_of_dp():
     edp = span("tp-cp-ep-dp-pp", degrees, ("edp",), 8)
     assert (ep.size, ep.nodes) == (4, 1)
     assert (edp.size, edp.nodes) == (2, 2)
+
+
+def test_megatron_docstring_example():
+    """megatron/core/parallel_state.py, initialize_model_parallel docstring: 16 GPUs, tp 2, pp 4
+    (dp 2), default order tp-cp-ep-dp-pp."""
+    from planner.placement import rank_groups
+
+    degrees = {"tp": 2, "cp": 1, "dp": 2, "pp": 4, "ep": 1}
+    order = "tp-cp-ep-dp-pp"
+    assert rank_groups(order, degrees, "dp") == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
+    assert rank_groups(order, degrees, "tp") == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]
+    assert rank_groups(order, degrees, "pp") == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+
+
+def test_expert_groups_tile_the_data_parallel_ranks():
+    from planner.placement import rank_groups
+
+    degrees = {"tp": 2, "cp": 1, "dp": 4, "pp": 1, "ep": 2}
+    assert rank_groups("tp-cp-ep-dp-pp", degrees, "ep") == [[0, 2], [1, 3], [4, 6], [5, 7]]
