@@ -103,7 +103,7 @@ def _outer(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
         for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
             for mb in space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch")):
                 for mode in space.allowed(space.RECOMPUTES, fixed.get("recompute")):
-                    for order in (space.ORDERS if "order" not in fixed else (fixed["order"],)):
+                    for order in (rules.orders if "order" not in fixed else (fixed["order"],)):
                         sp = fixed.get("sequence_parallel", tp > 1)
                         yield dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=mb, recompute=mode,
                                    order=order, sequence_parallel=sp, dp_overlap=fixed.get("dp_overlap", True))
@@ -122,8 +122,9 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     for knobs in _outer(model, cluster, setup, fixed, rules):
         m = setup.global_batch // (knobs["dp"] * knobs["micro_batch"])
         vpps = space.vpp_options(model, knobs["pp"], m, fixed.get("vpp"), rules)
+        alone = knobs["tp"] == knobs["pp"] == knobs["cp"] == 1
         zeros = [z for z in (rules.zero_with_pp if knobs["pp"] > 1 else rules.zero)
-                 if fixed.get("zero") is None or z == fixed["zero"]]
+                 if (fixed.get("zero") is None or z == fixed["zero"]) and (z or alone or not rules.replicate_alone)]
         considered += len(vpps) * len(zeros)
         if not vpps or not zeros:
             continue
@@ -394,7 +395,12 @@ def _recompute(prof, bounds, rules, cap, solver, time_limit_s, best_s: float) ->
     options = []
     for stage, n in enumerate(counts):
         kept, lowest = {}, float("inf")
+        # Megatron recomputes the same N layers of every virtual chunk: with interleaving only
+        # none or all of a stage's layers are expressible
+        whole = rules.uniform_recompute and s.vpp > 1
         for k in range(n + 1):
+            if whole and k not in (0, n):
+                continue
             if fits[stage, k] and (rules.uniform_recompute or tail[stage, k] < lowest):
                 kept[k] = (float(t[stage, k]), float(tail[stage, k]))
                 lowest = min(lowest, float(tail[stage, k]))

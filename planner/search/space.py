@@ -9,7 +9,8 @@ What the search enumerates (and so what "best" is relative to):
 - micro_batch: divides global_batch / dp;
 - vpp: 1, or 2..MAX_VPP with pp*vpp <= layers and the micro-batches a multiple of pp;
 - zero 0-3; recompute none | selective | full (full: the ILP then picks per stage how many
-  layers to recompute); sequence parallel on whenever tp > 1 (it never costs time in the cost
+  layers to recompute; with interleaving under Megatron, which recomputes N layers of every
+  chunk, none or all); sequence parallel on whenever tp > 1 (it never costs time in the cost
   model and saves memory); rank order tp-cp-ep-dp-pp or tp-cp-ep-pp-dp.
 Runtimes restrict the space (RUNTIME_RULES); every flag the user fixed is a constraint.
 """
@@ -45,6 +46,9 @@ class RuntimeRules:
     context_parallel: bool
     expert_parallel: bool
     note: str
+    orders: tuple[str, ...] = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
+    replicate_alone: bool = False
+    """ZeRO-0 (plain replication) only when data parallelism is the only parallelism"""
 
 
 RUNTIME_RULES: dict[str, RuntimeRules] = {
@@ -55,9 +59,10 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks"),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", True, False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
-                              "parallelism, even split"),
+                              "parallelism, even split, pipeline stages outermost", orders=("tp-cp-ep-dp-pp",)),
     "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", True, True, True,
-                               "torchtitan: FSDP2 (ZeRO-3) or replication, one activation-checkpoint policy"),
+                               "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism",
+                               orders=("tp-cp-ep-dp-pp",), replicate_alone=True),
 }
 
 

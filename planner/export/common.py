@@ -1,0 +1,182 @@
+"""What every exporter shares: the plan read once into typed values, and the runtime-independent
+checks (batch arithmetic, even split, rank order, one recompute policy) with one refusal format.
+
+An exporter never adjusts a plan to fit its runtime: a plan the runtime cannot execute as priced
+is refused with an ExportError saying what the runtime lacks and what the plan has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+from planner.errors import ExportError, PlanFormatError
+from planner.plan import SCHEMA
+from planner.spec.model import ModelSpec
+
+Chunk = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pipeline rank of the plan."""
+
+    chunks: tuple[Chunk, ...]
+    """layer ranges [start, end) it holds, one per virtual stage, in schedule order"""
+    recompute_layers: int
+    """layers it recomputes fully, allocated to its chunks first to last (cost/step.py)"""
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self.chunks)
+
+    @property
+    def layers(self) -> int:
+        return sum(self.sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanView:
+    """The parts of a planner.plan/v1 document that exporters read."""
+
+    model: ModelSpec
+    gpus: int
+    global_batch: int
+    seq_len: int
+    precision: str
+    attention: str
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    vpp: int
+    micro_batch: int
+    num_microbatches: int
+    zero: int
+    recompute: str
+    sequence_parallel: bool
+    dp_overlap: bool
+    schedule: str
+    order: str
+    stages: tuple[Stage, ...]
+
+    @property
+    def chunk_sizes(self) -> tuple[int, ...]:
+        """Layers of every virtual stage, all ranks."""
+        return tuple(n for st in self.stages for n in st.sizes)
+
+    @property
+    def recompute_counts(self) -> tuple[int, ...]:
+        return tuple(st.recompute_layers for st in self.stages)
+
+    def virtual_stages(self) -> list[Chunk]:
+        """All pp*vpp layer ranges in pipeline order: virtual stage j*pp + i is chunk j of rank i
+        (the looped layout of Megatron's interleaved schedule and torchtitan's looped schedules)."""
+        ordered = [st.chunks[j] for j in range(self.vpp) for st in self.stages]
+        if any(len(st.chunks) != self.vpp for st in self.stages) or not ordered \
+                or ordered[0][0] != 0 or ordered[-1][1] != self.model.layers \
+                or any(a[1] != b[0] for a, b in pairwise(ordered)):
+            raise PlanFormatError(f"plan stages do not tile the model's {self.model.layers} layers "
+                                  f"as {self.pp} ranks of {self.vpp} chunks")
+        return ordered
+
+
+def _get(doc: dict, path: str):
+    node = doc
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise PlanFormatError(f"plan has no {path!r}")
+        node = node[key]
+    return node
+
+
+def read(plan: dict) -> PlanView:
+    """The plan's model, training setup, strategy and stages (PlanFormatError naming a missing key)."""
+    if not isinstance(plan, dict) or plan.get("schema") != SCHEMA:
+        found = plan.get("schema") if isinstance(plan, dict) else type(plan).__name__
+        raise PlanFormatError(f"schema {found!r} is not {SCHEMA}")
+    model = ModelSpec.from_dict(_get(plan, "inputs.model"), "plan inputs.model")
+    training, strategy = _get(plan, "inputs.training"), _get(plan, "strategy")
+    stages = []
+    for i, st in enumerate(_get(plan, "stages")):
+        ranges = st.get("chunks") or [st.get("layers")]
+        if not all(isinstance(r, list) and len(r) == 2 for r in ranges) or "recompute_layers" not in st:
+            raise PlanFormatError(f"plan stage {i} needs 'layers' (or 'chunks') and 'recompute_layers'")
+        stages.append(Stage(chunks=tuple((int(a), int(b)) for a, b in ranges),
+                            recompute_layers=int(st["recompute_layers"])))
+    knobs = ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "num_microbatches", "zero", "recompute",
+             "sequence_parallel", "schedule")
+    s = {key: _get(plan, f"strategy.{key}") for key in knobs}
+    t = {key: _get(plan, f"inputs.training.{key}") for key in ("gpus", "global_batch", "seq_len", "precision")}
+    return PlanView(model=model, attention=training.get("attention", "flash"),
+                    dp_overlap=strategy.get("dp_overlap", True), order=_get(plan, "placement.order"),
+                    stages=tuple(stages), **t, **s)
+
+
+def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:
+    """The one-line refusal: what the runtime lacks, then what the plan has."""
+    return ExportError(f"cannot export to {runtime}: {runtime} {lacks}; the plan has {plan_has}")
+
+
+def require(ok: bool, runtime: str, lacks: str, plan_has: str) -> None:
+    if not ok:
+        raise refusal(runtime, lacks, plan_has)
+
+
+def check_batch(v: PlanView, runtime: str) -> None:
+    """global batch = micro_batch * dp * num_microbatches, as every runtime's batch arithmetic needs."""
+    per_step = v.micro_batch * v.dp
+    require(v.global_batch % per_step == 0 and v.global_batch // per_step == v.num_microbatches, runtime,
+            "needs the global batch to be micro_batch * dp * micro-batches",
+            f"global batch {v.global_batch}, micro_batch {v.micro_batch}, dp {v.dp}, "
+            f"{v.num_microbatches} micro-batches")
+
+
+def check_gpus(v: PlanView, runtime: str) -> None:
+    require(v.dp * v.tp * v.pp * v.cp == v.gpus, runtime, "needs dp*tp*pp*cp to be the GPU count",
+            f"{v.dp}*{v.tp}*{v.pp}*{v.cp} for {v.gpus} GPUs")
+
+
+def describe_split(v: PlanView) -> str:
+    if v.vpp > 1:
+        return "virtual stages of " + "/".join(str(n) for n in v.chunk_sizes) + " layers"
+    return "stages of " + "/".join(str(st.layers) for st in v.stages) + " layers"
+
+
+def check_even_split(v: PlanView, runtime: str) -> None:
+    """Every (virtual) stage holds the same number of layers."""
+    require(len(set(v.chunk_sizes)) == 1, runtime, "has no uneven pipeline split", describe_split(v))
+
+
+def check_rank_order(v: PlanView, runtime: str, orders: tuple[str, ...]) -> None:
+    """The rank order matters only when both dp and pp exceed 1 (the two orders differ in them)."""
+    require(v.order in orders or v.dp == 1 or v.pp == 1, runtime,
+            f"places ranks only as {' or '.join(orders)}", f"rank order {v.order}")
+
+
+def check_transformer(v: PlanView, runtime: str) -> None:
+    require(not v.model.is_graph, runtime, "needs a transformer model spec",
+            f"an explicit layer graph ({v.model.name})")
+
+
+def single_recompute_policy(v: PlanView, runtime: str) -> str:
+    """'none', 'selective' or 'full' for a runtime with one activation-checkpoint policy for all
+    layers; full recompute of some layers of a stage and not others is refused."""
+    if v.recompute != "full":
+        return v.recompute
+    counts, layers = v.recompute_counts, tuple(st.layers for st in v.stages)
+    if not any(counts):
+        return "none"
+    require(counts == layers, runtime, "recomputes every layer or none (one activation-checkpoint policy)",
+            "full recompute of " + ", ".join(f"{r} of {n}" for r, n in zip(counts, layers))
+            + " layers per stage")
+    return "full"
+
+
+def check_common(v: PlanView, runtime: str) -> None:
+    """The checks every exporter makes."""
+    check_gpus(v, runtime)
+    check_batch(v, runtime)
+    require(not v.sequence_parallel or v.tp > 1, runtime, "shards the sequence only over tp > 1 ranks",
+            "sequence parallel with tp 1")

@@ -1,0 +1,202 @@
+"""Megatron-LM / Megatron-Core: the arguments of pretrain_gpt.py that fix the model shape and the
+parallel layout of a plan (data, tokenizer, optimizer and checkpoint arguments are the user's).
+
+Argument names follow NVIDIA/Megatron-LM megatron/training/arguments.py (the snapshot named in
+tests/data/megatron_arguments.txt). Formats: "lines" (one argument and its value per line) and
+"shell" (one line); both shell-quoted, so either pastes into a launch script. Tensor or context
+parallelism also needs CUDA_DEVICE_MAX_CONNECTIONS=1 in the environment (Hopper and older).
+
+Refused, because Megatron-LM cannot run them as planned:
+- ZeRO 2 or 3 (the distributed optimizer shards optimizer states only: ZeRO-1);
+- full recompute whose per-stage counts no single --recompute-num-layers reproduces (block
+  recompute of N layers applies to every stage, and to every virtual chunk with vpp > 1);
+- an uneven split in the middle stages, an uneven split with vpp > 1, virtual chunks of unequal
+  size, and any layout other than Megatron's looped interleaving;
+- a global batch that is not micro_batch * dp * micro-batches; sequence parallel with tp 1;
+- a sequence that is not a multiple of 2*cp (load-balanced context parallelism);
+- expert parallelism with fp16; a rank order other than tp-cp-ep-dp-pp or tp-cp-ep-pp-dp;
+- ReLU MLPs, ALiBi, non-causal (encoder) models, explicit layer graphs (pretrain_gpt.py builds
+  causal GPT decoders with gelu or swiglu MLPs and learned, rotary or no position embeddings);
+- a learned position table shorter than the sequence.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from planner.errors import ExportError
+from planner.export.common import (
+    PlanView,
+    check_common,
+    check_transformer,
+    read,
+    refusal,
+    require,
+)
+
+RUNTIME = "Megatron-LM"
+FORMATS = ("lines", "shell")
+POSITION_TYPES = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
+ORDER_FLAGS = {"tp-cp-ep-dp-pp": [], "tp-cp-ep-pp-dp": [("--use-tp-pp-dp-mapping", None)]}
+
+Arg = tuple[str, object]
+"""an argument and its value (None for a switch)"""
+
+
+def export(plan: dict, fmt: str = "lines") -> str:
+    if fmt not in FORMATS:
+        raise ExportError(f"Megatron-LM formats are {', '.join(FORMATS)}; not {fmt!r}")
+    args = arguments(read(plan))
+    lines = [shlex.join([flag] + ([] if value is None else [str(value)])) for flag, value in args]
+    return ("\n".join(lines) if fmt == "lines" else " ".join(lines)) + "\n"
+
+
+def arguments(v: PlanView) -> list[Arg]:
+    """Every argument, in a fixed order: model, parallelism, batch, recompute, optimizer, precision."""
+    check_common(v, RUNTIME)
+    check_transformer(v, RUNTIME)
+    return _model(v) + _parallel(v) + _batch(v) + _recompute(v) + _optimizer(v) + _precision(v)
+
+
+def _model(v: PlanView) -> list[Arg]:
+    m = v.model
+    require(m.causal, RUNTIME, "pretrain_gpt.py trains causal decoders only", f"an encoder ({m.name})")
+    require(m.ffn_act != "relu", RUNTIME, "has no plain ReLU MLP (gelu, swiglu, squared-relu, quick-geglu)",
+            f"a ReLU MLP ({m.name})")
+    require(m.position_embedding in POSITION_TYPES, RUNTIME, "has no ALiBi position bias",
+            f"{m.position_embedding} positions ({m.name})")
+    if m.position_embedding == "learned":
+        require(m.max_position >= v.seq_len, RUNTIME, "needs the learned position table to cover the sequence",
+                f"{m.max_position} positions for sequences of {v.seq_len}")
+    args: list[Arg] = [("--num-layers", m.layers), ("--hidden-size", m.hidden), ("--ffn-hidden-size", m.ffn_hidden),
+                       ("--num-attention-heads", m.heads)]
+    if m.mla is not None:
+        args += [("--multi-latent-attention", None)]
+        if m.mla.q_lora_rank:
+            args += [("--q-lora-rank", m.mla.q_lora_rank)]
+        args += [("--kv-lora-rank", m.mla.kv_lora_rank), ("--qk-head-dim", m.mla.qk_nope_head_dim),
+                 ("--qk-pos-emb-head-dim", m.mla.qk_rope_head_dim), ("--v-head-dim", m.mla.v_head_dim)]
+    else:
+        if m.kv_heads < m.heads:
+            args += [("--group-query-attention", None), ("--num-query-groups", m.kv_heads)]
+        if m.head_dim * m.heads != m.hidden:
+            args += [("--kv-channels", m.head_dim)]
+    # Megatron requires max-position-embeddings >= seq-length for every position type; only a
+    # learned table is sized by it
+    max_position = m.max_position if m.position_embedding == "learned" else max(m.max_position, v.seq_len)
+    args += [("--seq-length", v.seq_len), ("--max-position-embeddings", max_position),
+             ("--position-embedding-type", POSITION_TYPES[m.position_embedding]),
+             ("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")]
+    if m.ffn_act == "swiglu":
+        args += [("--swiglu", None)]
+    if not m.tied_embeddings:
+        args += [("--untie-embeddings-and-output-weights", None)]
+    if not m.linear_bias:
+        args += [("--disable-bias-linear", None)]
+    # Megatron's defaults are 0.1: always say what the model uses
+    args += [("--hidden-dropout", m.dropout), ("--attention-dropout", m.dropout)]
+    if v.attention == "eager":
+        args += [("--attention-backend", "unfused")]
+    if m.moe is not None:
+        moe = m.moe
+        args += [("--num-experts", moe.experts), ("--moe-router-topk", moe.top_k),
+                 ("--moe-ffn-hidden-size", moe.expert_ffn_hidden)]
+        if moe.shared_experts:
+            args += [("--moe-shared-expert-intermediate-size", moe.shared_experts * moe.shared_ffn_hidden)]
+        if moe.dense_layers:
+            args += [("--moe-layer-freq", f"([0]*{moe.dense_layers}+[1]*{m.layers - moe.dense_layers})")]
+        # the planner prices expert dispatch as an all-to-all over the ep group
+        args += [("--moe-token-dispatcher-type", "alltoall")]
+    return args
+
+
+def _parallel(v: PlanView) -> list[Arg]:
+    require(v.order in ORDER_FLAGS, RUNTIME, f"places ranks only as {' or '.join(ORDER_FLAGS)}",
+            f"rank order {v.order}")
+    require(v.cp == 1 or v.seq_len % (2 * v.cp) == 0, RUNTIME,
+            "needs the sequence to be a multiple of 2*cp (load-balanced context parallelism)",
+            f"sequences of {v.seq_len} over cp {v.cp}")
+    args: list[Arg] = [("--tensor-model-parallel-size", v.tp), ("--pipeline-model-parallel-size", v.pp),
+                       ("--context-parallel-size", v.cp)]
+    if v.model.moe is not None:
+        require(v.ep == 1 or v.precision != "fp16", RUNTIME, "has no expert parallelism in fp16",
+                f"ep {v.ep} with fp16")
+        args += [("--expert-model-parallel-size", v.ep)]
+    if v.sequence_parallel:
+        args += [("--sequence-parallel", None)]
+    args += _split(v)
+    return args + ORDER_FLAGS[v.order]
+
+
+def _split(v: PlanView) -> list[Arg]:
+    """Interleaving (equal chunks in Megatron's looped layout) or the first/last-stage split."""
+    v.virtual_stages()  # the looped layout, or PlanFormatError
+    if v.vpp > 1:
+        require(len(set(v.chunk_sizes)) == 1, RUNTIME,
+                "interleaves only equal virtual chunks (no uneven split with vpp > 1)",
+                "virtual stages of " + "/".join(map(str, v.chunk_sizes)) + " layers")
+        return [("--num-layers-per-virtual-pipeline-stage", v.chunk_sizes[0])]
+    counts = [st.layers for st in v.stages]
+    middle = counts[1:-1] or counts[-1:]
+    require(len(set(middle)) == 1, RUNTIME, "splits unevenly only on the first and last stage",
+            "stages of " + "/".join(map(str, counts)) + " layers")
+    args: list[Arg] = []
+    if counts[0] != middle[0]:
+        args += [("--decoder-first-pipeline-num-layers", counts[0])]
+    if len(counts) > 2 and counts[-1] != middle[0]:
+        args += [("--decoder-last-pipeline-num-layers", counts[-1])]
+    return args
+
+
+def _batch(v: PlanView) -> list[Arg]:
+    return [("--micro-batch-size", v.micro_batch), ("--global-batch-size", v.global_batch)]
+
+
+def _block_recompute(n: int, sizes: tuple[int, ...]) -> list[int]:
+    """Layers recomputed per chunk by --recompute-method block --recompute-num-layers n."""
+    return [min(n, size) for size in sizes]
+
+
+def _planned_recompute(r: int, sizes: tuple[int, ...]) -> list[int]:
+    """Layers recomputed per chunk by the plan: r on the stage, first chunk first (cost/step.py)."""
+    out = []
+    for size in sizes:
+        out.append(min(r, size))
+        r -= out[-1]
+    return out
+
+
+def _recompute(v: PlanView) -> list[Arg]:
+    if v.recompute == "selective":
+        return [("--recompute-granularity", "selective")]
+    if v.recompute != "full" or not any(v.recompute_counts):
+        return []
+    largest = max(max(st.sizes) for st in v.stages)
+    for n in range(1, largest + 1):
+        if all(_block_recompute(n, st.sizes) == _planned_recompute(st.recompute_layers, st.sizes)
+               for st in v.stages):
+            return [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                    ("--recompute-num-layers", n)]
+    per_chunk = " per virtual chunk" if v.vpp > 1 else ""
+    raise refusal(RUNTIME, f"recomputes the same --recompute-num-layers{per_chunk} on every stage",
+                  "full recompute of " + ", ".join(f"{st.recompute_layers} of {st.layers}" for st in v.stages)
+                  + " layers per stage")
+
+
+def _optimizer(v: PlanView) -> list[Arg]:
+    require(v.zero <= 1, RUNTIME, "has no ZeRO-2/3 (its distributed optimizer shards optimizer states only)",
+            f"zero {v.zero}")
+    args: list[Arg] = [("--use-distributed-optimizer", None)] if v.zero == 1 else []
+    if v.dp_overlap:
+        args += [("--overlap-grad-reduce", None)]
+        if v.zero == 1:
+            args += [("--overlap-param-gather", None)]
+    return args
+
+
+def _precision(v: PlanView) -> list[Arg]:
+    if v.precision == "fp16":
+        return [("--fp16", None)]
+    if v.precision == "fp8":
+        return [("--bf16", None), ("--fp8-format", "hybrid")]
+    return [("--bf16", None)]

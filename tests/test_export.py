@@ -1,0 +1,487 @@
+"""planner.export: the text each runtime reads, for real plans (golden files), read back with the
+runtime's own syntax (shlex, json, tomllib, yaml), and one test per refusal.
+
+Golden files live in tests/data/export/; `PLANNER_UPDATE_GOLDEN=1 pytest tests/test_export.py`
+rewrites them. Plans come from make_plan with every strategy knob pinned, so a change in the cost
+model does not move them; refusals edit a real plan with `variant`.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.cost.pipeline import split_layers, stage_chunks
+from planner.errors import ExportError, PlanFormatError, PlannerError
+from planner.export import EXPORTERS, FORMATS, export
+from planner.export.torchtitan import generated_split
+from planner.planning import make_plan
+from planner.spec.hardware import load_cluster
+from planner.spec.model import load_model
+
+DATA = Path(__file__).parent / "data"
+GOLDEN = DATA / "export"
+UPDATE = os.environ.get("PLANNER_UPDATE_GOLDEN") == "1"
+ORDER = "tp-cp-ep-dp-pp"
+
+# name: (model, gpus, global batch, seq len, runtime, pinned strategy)
+PLANS = {
+    "llama3-8b-vpp": ("llama3-8b", 32, 128, 4096, "megatron",
+                      {"tp": 2, "pp": 4, "cp": 1, "vpp": 2, "micro_batch": 1, "zero": 1, "recompute": "selective"}),
+    "llama3-70b-recompute": ("llama3-70b", 64, 64, 8192, "megatron",
+                             {"tp": 8, "pp": 8, "cp": 1, "vpp": 1, "micro_batch": 1, "zero": 1, "recompute": "full",
+                              "recompute_layers": 4}),
+    "mixtral-ep": ("mixtral-8x7b", 64, 256, 4096, "megatron",
+                   {"tp": 2, "pp": 4, "cp": 1, "ep": 8, "vpp": 4, "micro_batch": 1, "zero": 1, "recompute": "none"}),
+    "llama3-8b-pp2": ("llama3-8b", 16, 64, 4096, "deepspeed",
+                      {"tp": 2, "pp": 2, "cp": 1, "vpp": 1, "micro_batch": 1, "zero": 1, "recompute": "none"}),
+    "llama3-8b-fsdp": ("llama3-8b", 16, 64, 8192, "torchtitan",
+                       {"tp": 2, "pp": 2, "cp": 1, "vpp": 2, "micro_batch": 1, "zero": 3, "recompute": "full",
+                        "recompute_layers": 16}),
+}
+# (runtime, format, plan, golden file)
+GOLDENS = [
+    ("megatron", "lines", "llama3-8b-vpp", "megatron_llama3-8b-vpp.txt"),
+    ("megatron", "shell", "llama3-8b-vpp", "megatron_llama3-8b-vpp.shell.txt"),
+    ("megatron", "lines", "llama3-70b-recompute", "megatron_llama3-70b-recompute.txt"),
+    ("megatron", "lines", "mixtral-ep", "megatron_mixtral-ep.txt"),
+    ("deepspeed", "json", "llama3-8b-pp2", "deepspeed_llama3-8b-pp2.json"),
+    ("torchtitan", "toml", "llama3-8b-fsdp", "torchtitan_llama3-8b-fsdp.toml"),
+    ("torchtitan", "cli", "llama3-8b-fsdp", "torchtitan_llama3-8b-fsdp.cli.txt"),
+    ("nanotron", "yaml", "llama3-8b-pp2", "nanotron_llama3-8b-pp2.yaml"),
+]
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, dict]:
+    cluster = load_cluster("dgx-h100")
+    out = {}
+    for name, (model, gpus, batch, seq, runtime, knobs) in PLANS.items():
+        out[name] = make_plan(load_model(model), cluster, gpus, batch, seq, "bf16", "flash", runtime,
+                              {**knobs, "order": ORDER})
+    return out
+
+
+def variant(plan: dict, model: str | None = None, sizes: list[int] | None = None,
+            recompute_layers: list[int] | None = None, **strategy) -> dict:
+    """A copy of `plan` with other strategy values, model or split (an even split by default)."""
+    doc = copy.deepcopy(plan)
+    if model is not None:
+        doc["inputs"]["model"] = load_model(model).to_dict()
+    st = doc["strategy"]
+    st.update(strategy)
+    if "gpus" not in strategy:
+        doc["inputs"]["training"]["gpus"] = st["dp"] * st["tp"] * st["pp"] * st["cp"]
+    st["num_microbatches"] = doc["inputs"]["training"]["global_batch"] // (st["dp"] * st["micro_batch"])
+    layers = doc["inputs"]["model"]["layers"]
+    if sizes is None:
+        bounds = split_layers(layers, st["pp"], st["vpp"])
+    else:
+        edges = [0]
+        for n in sizes:
+            edges.append(edges[-1] + n)
+        bounds = list(itertools.pairwise(edges))
+    per_rank = stage_chunks(bounds, st["pp"])
+    counts = recompute_layers or [0] * st["pp"]
+    doc["stages"] = [{"index": i, "layers": [c[0][0], c[-1][1]], "recompute_layers": counts[i],
+                      **({"chunks": [list(x) for x in c]} if st["vpp"] > 1 else {})}
+                     for i, c in enumerate(per_rank)]
+    return doc
+
+
+def refused(plan: dict, runtime: str, fmt: str | None = None) -> str:
+    with pytest.raises(ExportError) as info:
+        export(plan, runtime, fmt)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("cannot export to ")
+    return message
+
+
+def megatron_args(text: str) -> dict[str, str | None]:
+    """--flag [value] pairs of an exported argument list."""
+    tokens = shlex.split(text)
+    args: dict[str, str | None] = {}
+    for i, token in enumerate(tokens):
+        if token.startswith("--"):
+            value = tokens[i + 1] if i + 1 < len(tokens) and not tokens[i + 1].startswith("--") else None
+            assert token not in args, f"{token} given twice"
+            args[token] = value
+    return args
+
+
+def megatron_known() -> set[str]:
+    lines = (DATA / "megatron_arguments.txt").read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+# ---------------------------------------------------------------- golden files and dispatch
+
+
+@pytest.mark.parametrize("runtime, fmt, name, golden", GOLDENS, ids=[g[3] for g in GOLDENS])
+def test_golden(plans, runtime, fmt, name, golden):
+    text = export(plans[name], runtime, fmt)
+    path = GOLDEN / golden
+    if UPDATE:
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path.name}: run with PLANNER_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{golden} changed: diff it, then PLANNER_UPDATE_GOLDEN=1 if intended"
+
+
+def test_default_format_is_the_first(plans):
+    for runtime in EXPORTERS:
+        plan = plans["llama3-8b-fsdp"] if runtime == "torchtitan" else plans["llama3-8b-pp2"]
+        assert export(plan, runtime) == export(plan, runtime, FORMATS[runtime][0])
+
+
+def test_unknown_runtime_and_format_are_export_errors(plans):
+    assert issubclass(ExportError, PlannerError) and ExportError.exit_code == 2
+    with pytest.raises(ExportError, match="unknown runtime"):
+        export(plans["llama3-8b-pp2"], "jax")
+    with pytest.raises(ExportError, match="not 'yaml'"):
+        export(plans["llama3-8b-pp2"], "megatron", "yaml")
+
+
+def test_a_plan_without_its_keys_is_a_plan_format_error(plans):
+    doc = copy.deepcopy(plans["llama3-8b-pp2"])
+    del doc["strategy"]["micro_batch"]
+    with pytest.raises(PlanFormatError, match="strategy.micro_batch"):
+        export(doc, "megatron")
+    with pytest.raises(PlanFormatError, match="schema"):
+        export({"schema": "other"}, "megatron")
+
+
+# ---------------------------------------------------------------- Megatron-LM
+
+
+def test_megatron_flags_are_megatron_arguments(plans):
+    known = megatron_known()
+    docs = [plans[name] for name in ("llama3-8b-vpp", "llama3-70b-recompute", "mixtral-ep", "llama3-8b-pp2")] + [
+        variant(plans["llama3-70b-recompute"], sizes=[9, 10, 10, 10, 10, 10, 10, 11]),
+        variant(plans["llama3-8b-pp2"], zero=0, dp_overlap=True),
+        variant(plans["llama3-8b-pp2"], pp=1, dp=8, tp=2, sequence_parallel=True),
+        variant(plans["llama3-8b-pp2"], model="deepseek-v3", pp=1, dp=8, tp=2, ep=8),
+    ]
+    fp8 = copy.deepcopy(plans["llama3-8b-pp2"])
+    fp8["inputs"]["training"].update(precision="fp8", attention="eager")
+    docs.append(fp8)
+    for doc in docs:
+        unknown = set(megatron_args(export(doc, "megatron"))) - known
+        assert not unknown, f"not in tests/data/megatron_arguments.txt: {sorted(unknown)}"
+
+
+def test_megatron_arguments_carry_the_plan(plans):
+    for name in ("llama3-8b-vpp", "llama3-70b-recompute", "mixtral-ep"):
+        plan = plans[name]
+        s, model, training = plan["strategy"], plan["inputs"]["model"], plan["inputs"]["training"]
+        lines = export(plan, "megatron", "lines")
+        args = megatron_args(lines)
+        assert megatron_args(export(plan, "megatron", "shell")) == args
+        assert len(export(plan, "megatron", "shell").splitlines()) == 1
+        tp, pp, cp = (int(args[f"--{k}-parallel-size"]) for k in ("tensor-model", "pipeline-model", "context"))
+        assert (tp, pp, cp) == (s["tp"], s["pp"], s["cp"])
+        dp = training["gpus"] // (tp * pp * cp)
+        micro, batch = int(args["--micro-batch-size"]), int(args["--global-batch-size"])
+        assert (micro, batch) == (s["micro_batch"], training["global_batch"])
+        assert batch // (micro * dp) == s["num_microbatches"] and batch % (micro * dp) == 0
+        layers = int(args["--num-layers"])
+        assert layers == model["layers"] and int(args["--hidden-size"]) == model["hidden"]
+        if s["vpp"] > 1:
+            assert layers // pp // int(args["--num-layers-per-virtual-pipeline-stage"]) == s["vpp"]
+        assert ("--sequence-parallel" in args) == s["sequence_parallel"]
+        assert ("--use-distributed-optimizer" in args) == (s["zero"] == 1)
+        assert args.get("--recompute-granularity") == {"none": None, "selective": "selective",
+                                                       "full": "full"}[s["recompute"]]
+        if s["recompute"] == "full":
+            assert args["--recompute-method"] == "block"
+            assert {int(args["--recompute-num-layers"])} == {st["recompute_layers"] for st in plan["stages"]}
+        if model.get("moe"):
+            assert int(args["--expert-model-parallel-size"]) == s["ep"]
+            assert int(args["--num-experts"]) == model["moe"]["experts"]
+
+
+def test_megatron_uneven_first_and_last_stage(plans):
+    plan = variant(plans["llama3-70b-recompute"], sizes=[8, 10, 10, 10, 10, 10, 10, 12])
+    args = megatron_args(export(plan, "megatron"))
+    assert args["--decoder-first-pipeline-num-layers"] == "8"
+    assert args["--decoder-last-pipeline-num-layers"] == "12"
+    two = variant(plans["llama3-8b-pp2"], sizes=[15, 17])
+    args = megatron_args(export(two, "megatron"))
+    assert args["--decoder-first-pipeline-num-layers"] == "15"
+    assert "--decoder-last-pipeline-num-layers" not in args  # the last stage takes the rest
+
+
+def test_megatron_recompute_count_that_covers_short_stages(plans):
+    # block recompute of 10 layers recomputes every layer of an 8-layer first stage too
+    plan = variant(plans["llama3-70b-recompute"], sizes=[8, 10, 10, 10, 10, 10, 10, 12],
+                   recompute_layers=[8, 10, 10, 10, 10, 10, 10, 10])
+    assert megatron_args(export(plan, "megatron"))["--recompute-num-layers"] == "10"
+
+
+def test_megatron_model_details(plans):
+    deepseek = variant(plans["llama3-8b-pp2"], model="deepseek-v3", pp=1, dp=8, tp=2, ep=8)
+    args = megatron_args(export(deepseek, "megatron"))
+    moe = load_model("deepseek-v3").moe
+    assert args["--moe-layer-freq"] == f"([0]*{moe.dense_layers}+[1]*{61 - moe.dense_layers})"
+    assert int(args["--moe-shared-expert-intermediate-size"]) == moe.shared_experts * moe.shared_ffn_hidden
+    assert "--multi-latent-attention" in args and "--group-query-attention" not in args
+    gpt3 = variant(plans["llama3-8b-pp2"], model="gpt3-175b", pp=2, vpp=1)
+    gpt3["inputs"]["training"]["seq_len"] = 2048
+    args = megatron_args(export(gpt3, "megatron"))
+    assert args["--position-embedding-type"] == "learned_absolute"
+    assert "--disable-bias-linear" not in args and "--untie-embeddings-and-output-weights" not in args
+    assert "--swiglu" not in args and args["--normalization"] == "LayerNorm"
+
+
+MEGATRON_REFUSALS = {
+    "zero 2": ({"zero": 2}, "ZeRO-2/3"),
+    "zero 3": ({"zero": 3}, "ZeRO-2/3"),
+    "sequence parallel with tp 1": ({"tp": 1, "dp": 8, "sequence_parallel": True}, "tp > 1"),
+    "batch": ({"num_microbatches": 3}, "global batch"),
+    "rank order": ({"order": "pp-dp-tp"}, "places ranks"),
+    "cp not dividing 2*cp": ({"cp": 4, "dp": 1, "seq_len": 4100}, "2*cp"),
+}
+
+
+@pytest.mark.parametrize("case", MEGATRON_REFUSALS)
+def test_megatron_refuses(plans, case):
+    changes, phrase = MEGATRON_REFUSALS[case]
+    changes = dict(changes)
+    plan = variant(plans["llama3-8b-pp2"], **{k: v for k, v in changes.items()
+                                              if k not in ("num_microbatches", "order", "seq_len")})
+    if "num_microbatches" in changes:
+        plan["strategy"]["num_microbatches"] = changes["num_microbatches"]
+    if "order" in changes:
+        plan["placement"]["order"] = changes["order"]
+    if "seq_len" in changes:
+        plan["inputs"]["training"]["seq_len"] = changes["seq_len"]
+    assert phrase in refused(plan, "megatron")
+
+
+def test_megatron_refuses_recompute_counts_that_differ(plans):
+    plan = variant(plans["llama3-70b-recompute"], recompute_layers=[4, 4, 4, 4, 4, 4, 4, 2])
+    assert "--recompute-num-layers on every stage" in refused(plan, "megatron")
+
+
+def test_megatron_refuses_partial_recompute_of_virtual_chunks(plans):
+    # 3 of a rank's 8 layers, first chunk first: block recompute would take 3 of every 4-layer chunk
+    plan = variant(plans["llama3-8b-vpp"], recompute="full", recompute_layers=[3, 3, 3, 3])
+    assert "per virtual chunk" in refused(plan, "megatron")
+    every = variant(plans["llama3-8b-vpp"], recompute="full", recompute_layers=[8, 8, 8, 8])
+    assert megatron_args(export(every, "megatron"))["--recompute-num-layers"] == "4"
+
+
+def test_megatron_refuses_uneven_middle_stages(plans):
+    plan = variant(plans["llama3-70b-recompute"], sizes=[10, 9, 11, 10, 10, 10, 10, 10])
+    assert "first and last stage" in refused(plan, "megatron")
+
+
+def test_megatron_refuses_unequal_virtual_chunks(plans):
+    plan = variant(plans["llama3-8b-vpp"], sizes=[3, 4, 4, 4, 4, 4, 4, 5])
+    assert "equal virtual chunks" in refused(plan, "megatron")
+
+
+@pytest.mark.parametrize("field, value, phrase", [
+    ("ffn_act", "relu", "ReLU"), ("position_embedding", "alibi", "ALiBi"), ("causal", False, "causal"),
+])
+def test_megatron_refuses_models_pretrain_gpt_cannot_build(plans, field, value, phrase):
+    plan = copy.deepcopy(plans["llama3-8b-pp2"])
+    plan["inputs"]["model"][field] = value
+    assert phrase in refused(plan, "megatron")
+
+
+# ---------------------------------------------------------------- DeepSpeed
+
+
+def test_deepspeed_config_carries_the_plan(plans):
+    plan = plans["llama3-8b-pp2"]
+    s = plan["strategy"]
+    doc = json.loads(export(plan, "deepspeed"))
+    launch = doc["_planner"]
+    dp = launch["data_parallel_size"]
+    assert dp * launch["tensor_model_parallel_size"] * launch["pipeline_model_parallel_size"] \
+        == plan["inputs"]["training"]["gpus"]
+    assert doc["train_batch_size"] == doc["train_micro_batch_size_per_gpu"] * doc["gradient_accumulation_steps"] * dp
+    assert doc["gradient_accumulation_steps"] == s["num_microbatches"]
+    assert doc["zero_optimization"]["stage"] == s["zero"]
+    assert doc["zero_optimization"]["overlap_comm"] == s["dp_overlap"]
+    assert doc["bf16"] == {"enabled": True} and "fp16" not in doc
+    assert "activation_checkpointing" not in doc
+
+
+def test_deepspeed_full_recompute_and_zero3(plans):
+    plan = variant(plans["llama3-8b-pp2"], pp=1, dp=8, zero=3, recompute="full", recompute_layers=[32])
+    doc = json.loads(export(plan, "deepspeed"))
+    assert doc["activation_checkpointing"]["number_checkpoints"] == 32
+    assert doc["activation_checkpointing"]["partition_activations"] is True
+    assert doc["zero_optimization"]["stage"] == 3 and "stage3_prefetch_bucket_size" in doc["zero_optimization"]
+    assert doc["_planner"]["recompute"] == "full"
+
+
+DEEPSPEED_REFUSALS = {
+    "zero 2 with pp": ({"zero": 2}, {}, "ZeRO-2/3 with pipeline"),
+    "zero 3 with pp": ({"zero": 3}, {}, "ZeRO-2/3 with pipeline"),
+    "vpp": ({"vpp": 2, "schedule": "interleaved-1f1b"}, {}, "interleaved"),
+    "cp": ({"cp": 2, "dp": 2}, {}, "context parallelism"),
+    "uneven split": ({}, {"sizes": [15, 17]}, "uneven"),
+    "some layers recomputed": ({"recompute": "full"}, {"recompute_layers": [16, 8]}, "every layer or none"),
+}
+
+
+@pytest.mark.parametrize("case", DEEPSPEED_REFUSALS)
+def test_deepspeed_refuses(plans, case):
+    strategy, split, phrase = DEEPSPEED_REFUSALS[case]
+    assert phrase in refused(variant(plans["llama3-8b-pp2"], **split, **strategy), "deepspeed")
+
+
+def test_deepspeed_refuses_fp8(plans):
+    plan = copy.deepcopy(plans["llama3-8b-pp2"])
+    plan["inputs"]["training"]["precision"] = "fp8"
+    assert "FP8" in refused(plan, "deepspeed")
+
+
+def test_deepspeed_config_class_accepts_it(plans):
+    config = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is not installed")
+    plan = plans["llama3-8b-pp2"]
+    for doc in (json.loads(export(plan, "deepspeed")),
+                json.loads(export(variant(plan, pp=1, dp=8, zero=3, recompute="full", recompute_layers=[32]),
+                                  "deepspeed"))):
+        # without torch.distributed DeepSpeed takes one data-parallel rank: give it one rank's batch
+        one_rank = dict(doc, train_batch_size=doc["train_batch_size"] // doc["_planner"]["data_parallel_size"])
+        ds = config.DeepSpeedConfig(one_rank)
+        assert ds.gradient_accumulation_steps == doc["gradient_accumulation_steps"]
+        assert ds.zero_optimization_stage == doc["zero_optimization"]["stage"]
+
+
+# ---------------------------------------------------------------- torchtitan
+
+
+def test_torchtitan_toml_carries_the_plan(plans):
+    plan = plans["llama3-8b-fsdp"]
+    s = plan["strategy"]
+    doc = tomllib.loads(export(plan, "torchtitan", "toml"))
+    par, train = doc["parallelism"], doc["training"]
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, s["dp"])
+    assert dp * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] * par["context_parallel_degree"] \
+        == plan["inputs"]["training"]["gpus"]
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert train["local_batch_size"] // par["pipeline_parallel_microbatch_size"] == s["num_microbatches"]
+    assert train["global_batch_size"] == train["local_batch_size"] * dp  # one pipeline pass per step
+    assert train["seq_len"] == plan["inputs"]["training"]["seq_len"]
+    assert doc["activation_checkpoint"]["mode"] == "full"
+    parts = par["module_fqns_per_model_part"]
+    assert len(parts) == s["pp"] * s["vpp"]
+    flat = [name for part in parts for name in part]
+    layers = plan["inputs"]["model"]["layers"]
+    assert flat == ["tok_embeddings"] + [f"layers.{i}" for i in range(layers)] + ["norm", "output"]
+    chunks = sorted(tuple(c) for st in plan["stages"] for c in st["chunks"])
+    assert [sum(n.startswith("layers.") for n in part) for part in parts] == [b - a for a, b in chunks]
+
+
+def torchtitan_cli(text: str) -> dict[str, str]:
+    tokens = shlex.split(text)
+    return dict(zip(tokens[::2], tokens[1::2]))
+
+
+def test_torchtitan_cli_split_knobs_reproduce_the_toml_split(plans):
+    for plan in (plans["llama3-8b-fsdp"], variant(plans["llama3-8b-fsdp"], vpp=1, schedule="1f1b",
+                                                  recompute="none", sizes=[17, 15])):
+        toml_parts = tomllib.loads(export(plan, "torchtitan"))["parallelism"]["module_fqns_per_model_part"]
+        cli = torchtitan_cli(export(plan, "torchtitan", "cli"))
+        par = tomllib.loads(export(plan, "torchtitan"))["parallelism"]
+        for key, value in par.items():
+            if key != "module_fqns_per_model_part":
+                assert cli[f"--parallelism.{key}"] == str(value)
+        first = int(cli["--parallelism.pipeline_parallel_first_stage_less_layers"])
+        last = int(cli["--parallelism.pipeline_parallel_last_stage_less_layers"])
+        sizes = generated_split(len(toml_parts), plan["inputs"]["model"]["layers"], first, last)
+        assert sizes == [sum(n.startswith("layers.") for n in part) for part in toml_parts]
+
+
+def test_torchtitan_zero0_is_ddp(plans):
+    plan = variant(plans["llama3-8b-fsdp"], tp=1, pp=1, vpp=1, dp=16, zero=0, recompute="none",
+                   sequence_parallel=False, schedule="1f1b")
+    doc = tomllib.loads(export(plan, "torchtitan"))
+    assert doc["parallelism"]["data_parallel_replicate_degree"] == 16
+    assert doc["parallelism"]["data_parallel_shard_degree"] == 1
+    assert "fsdp_reshard_after_forward" not in doc["parallelism"]
+    assert doc["training"]["local_batch_size"] == 1  # gradient accumulation runs the micro-batches
+
+
+TORCHTITAN_REFUSALS = {
+    "zero 1": ({"zero": 1}, {}, "shards everything"),
+    "zero 2": ({"zero": 2}, {}, "shards everything"),
+    "zero 0 with tp": ({"zero": 0}, {}, "sole parallelism"),
+    "zero 0 with cp": ({"zero": 0, "cp": 2, "dp": 2}, {}, "cp ranks"),
+    "some layers recomputed": ({}, {"recompute_layers": [16, 8]}, "every layer or none"),
+}
+
+
+@pytest.mark.parametrize("case", TORCHTITAN_REFUSALS)
+def test_torchtitan_refuses(plans, case):
+    strategy, extra, phrase = TORCHTITAN_REFUSALS[case]
+    assert phrase in refused(variant(plans["llama3-8b-fsdp"], **extra, **strategy), "torchtitan")
+
+
+def test_torchtitan_refuses_fp16(plans):
+    plan = copy.deepcopy(plans["llama3-8b-fsdp"])
+    plan["inputs"]["training"]["precision"] = "fp16"
+    assert "fp16" in refused(plan, "torchtitan")
+
+
+def test_torchtitan_cli_refuses_a_split_its_knobs_cannot_make(plans):
+    plan = variant(plans["llama3-8b-fsdp"], pp=4, dp=2, vpp=1, schedule="1f1b", recompute="none",
+                   sizes=[6, 12, 6, 8])
+    assert "TOML" in refused(plan, "torchtitan", "cli")
+    assert tomllib.loads(export(plan, "torchtitan"))["parallelism"]["module_fqns_per_model_part"]
+
+
+def test_torchtitan_config_manager_accepts_it(plans, tmp_path):
+    manager = pytest.importorskip("torchtitan.config.manager", reason="torchtitan is not installed")
+    plan = plans["llama3-8b-fsdp"]
+    path = tmp_path / "job.toml"
+    path.write_text(export(plan, "torchtitan"))
+    from_toml = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
+    from_cli = manager.ConfigManager().parse_args(shlex.split(export(plan, "torchtitan", "cli")))
+    for config in (from_toml, from_cli):
+        assert config.parallelism.tensor_parallel_degree == plan["strategy"]["tp"]
+        assert config.parallelism.data_parallel_shard_degree == plan["strategy"]["dp"]
+
+
+# ---------------------------------------------------------------- nanotron
+
+
+def test_nanotron_yaml_carries_the_plan(plans):
+    plan = plans["llama3-8b-pp2"]
+    s, training = plan["strategy"], plan["inputs"]["training"]
+    doc = yaml.safe_load(export(plan, "nanotron"))
+    par, tokens = doc["parallelism"], doc["tokens"]
+    assert par["dp"] * par["tp"] * par["pp"] == training["gpus"]
+    assert tokens["micro_batch_size"] * tokens["batch_accumulation_per_replica"] * par["dp"] == training["global_batch"]
+    assert tokens["sequence_length"] == training["seq_len"]
+    assert par["tp_mode"] == "REDUCE_SCATTER" and par["tp_linear_async_communication"] is True
+    assert par["pp_engine"] == "1f1b" and doc["optimizer"] == {"zero_stage": s["zero"]}
+
+
+NANOTRON_REFUSALS = {
+    "vpp": ({"vpp": 2, "schedule": "interleaved-1f1b"}, {}, "interleaved"),
+    "cp": ({"cp": 2, "dp": 2}, {}, "context parallelism"),
+    "zero 2": ({"zero": 2}, {}, "zero_stage 0 or 1"),
+    "uneven split": ({}, {"sizes": [15, 17]}, "uneven"),
+    "expert parallel": ({"ep": 2}, {"model": "mixtral-8x7b"}, "expert_parallel_size"),
+    "recompute": ({"recompute": "selective"}, {}, "recomputation"),
+}
+
+
+@pytest.mark.parametrize("case", NANOTRON_REFUSALS)
+def test_nanotron_refuses(plans, case):
+    strategy, extra, phrase = NANOTRON_REFUSALS[case]
+    assert phrase in refused(variant(plans["llama3-8b-pp2"], **extra, **strategy), "nanotron")
