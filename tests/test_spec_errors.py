@@ -180,3 +180,14 @@ def test_unnamed_gpu_family_from_its_peak(tmp_path):
     assert Cluster.from_dict(spec, "mystery.yaml").efficiency.source == "default (hopper)"
     spec["gpu"]["tflops"] = {"bf16": 50}
     assert Cluster.from_dict(spec, "mystery.yaml").efficiency.source == "default (generic)"
+
+
+def test_explicit_graph_model_plans_with_yaml_exponents():
+    """A graph model (tests/data/toy-cnn.yaml writes 2.0e9, which YAML 1.1 reads as a string)."""
+    from planner.planning import make_plan
+
+    model = load_model(str(Path(__file__).parent / "data" / "toy-cnn.yaml"))
+    assert model.is_graph and model.graph[0].fwd_flops == 2.0e9
+    plan = make_plan(model, load_cluster("dgx-a100-80g"), gpus=8, global_batch=256, seq_len=1, precision="bf16",
+                     attention="flash", runtime="any", constraints={})
+    assert plan["strategy"]["tp"] == 1 and plan["prediction"]["fits"]

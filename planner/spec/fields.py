@@ -90,6 +90,12 @@ class Fields:
         value = self._get(key, default)
         if value is default and default is not _MISSING:
             return value
+        if isinstance(value, str):
+            # YAML 1.1 reads 2.0e9 (no exponent sign) as a string: accept what Python reads as a number
+            try:
+                value = float(value)
+            except ValueError:
+                raise self.error(key, f"expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(key, f"expected a number, got {value!r}")
         if positive and value <= minimum or not positive and value < minimum:
