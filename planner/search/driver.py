@@ -119,7 +119,9 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     heap, considered, pruned_memory = [], 0, 0
     least_floor = float("inf")
     seen_spans: set = set()
-    for knobs in _outer(model, cluster, setup, fixed, rules):
+    for outer, knobs in enumerate(_outer(model, cluster, setup, fixed, rules)):
+        if progress and outer % 256 == 0:
+            progress(0, 0, f"bounding {considered:,} candidates")
         m = setup.global_batch // (knobs["dp"] * knobs["micro_batch"])
         vpps = space.vpp_options(model, knobs["pp"], m, fixed.get("vpp"), rules)
         alone = knobs["tp"] == knobs["pp"] == knobs["cp"] == 1
