@@ -284,8 +284,8 @@ def _key(s: Strategy) -> tuple:
 
 def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
            best_s: float = float("inf")) -> tuple[list[Candidate], dict]:
-    """The split: the exact DP for 1F1B with a free split (every layer recomputed when the mode is
-    'full'), Megatron's first/last-stage split, or the even split. Then, for 'full', how many
+    """The split: the exact DP for 1F1B with a free split (for 'full' on the relaxed tables of
+    `_tables`), Megatron's first/last-stage split, or the even split. Then, for 'full', how many
     layers each stage recomputes by the ILP. `best_s` is the best step found so far."""
     stats = {"programmes": 0, "ilp": 0, "optimal": True}
     prof = profile(model, cluster, setup, s)
@@ -294,7 +294,7 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
     free_split = s.pp > 1 and s.vpp == 1 and rules.uneven_split == "any"
     splits: list[tuple[tuple, tuple | None]] = []
     if free_split:
-        found = _dp_split(prof, cap, best_s if s.recompute != "full" else float("inf"))
+        found = _dp_split(prof, cap, best_s)
         if found is not None:
             stats["programmes"] += found.programmes
             stats["optimal"] &= found.exhaustive
@@ -322,8 +322,11 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
 
 
 def _tables(prof, width: int):
-    """t, tail, ok of every stage position, first layer and length (<= width), with every layer
-    recomputed when the mode is 'full' (shape (pp, layers+1, width, 1) for stages.best_split)."""
+    """t, tail, ok of every stage position, first layer and length (<= width), shaped
+    (pp, layers+1, width, 1) for stages.best_split. With 'full' each range takes its least
+    recompute count that fits (the least time) and the tail of recomputing all its layers (the
+    least tail): a relaxation, so the DP's step is a lower bound for every count the ILP may
+    choose afterwards and can be cut off against the best plan."""
     s, L = prof.strategy, prof.model.layers
     a = np.repeat(np.arange(L + 1), width)
     n = np.tile(np.arange(1, width + 1), L + 1)
@@ -333,12 +336,36 @@ def _tables(prof, width: int):
     t, tail = np.full(shape, np.inf), np.full(shape, np.inf)
     ok = np.zeros(shape, dtype=bool)
     cap = prof.cluster.gpu.memory_bytes
-    for i in range(s.pp):
-        terms = stage_terms(prof, i, [(a, a + n)], n)
-        t[i, a, n - 1, 0] = terms["t"]
-        tail[i, a, n - 1, 0] = terms["tail"] * np.ones(len(a))
-        ok[i, a, n - 1, 0] = terms["memory"] <= cap
+    # every stage position and range at once: arrays of shape (pp, ranges)
+    i = np.arange(s.pp)[:, None]
+    rng = [(a[None, :], (a + n)[None, :])]
+    size = (s.pp, len(a))
+    if s.recompute == "full":
+        counts, fits = _least_counts(prof, i, rng, np.broadcast_to(n, size), cap)
+        terms = stage_terms(prof, i, rng, counts)
+        least_tail = stage_terms(prof, i, rng, n[None, :])["tail"]
+    else:
+        terms = stage_terms(prof, i, rng, 0)
+        fits, least_tail = terms["memory"] <= cap, terms["tail"]
+    t[:, a, n - 1, 0] = np.broadcast_to(terms["t"], size)
+    tail[:, a, n - 1, 0] = np.broadcast_to(least_tail, size)
+    ok[:, a, n - 1, 0] = np.broadcast_to(fits, size)
     return t, tail, ok
+
+
+def _least_counts(prof, i, rng, n, cap):
+    """Per stage and range, the least count of fully recomputed layers that fits, and whether
+    any does. Memory falls with every recomputed layer beyond the first (the first adds the
+    rebuild buffer), so a bisection over 1..n finds it after checking 0."""
+    none = np.broadcast_to(stage_terms(prof, i, rng, 0)["memory"] <= cap, n.shape)
+    lo, hi = np.ones_like(n), n.copy()
+    while np.any(lo < hi):
+        mid = (lo + hi) // 2
+        fits = stage_terms(prof, i, rng, mid)["memory"] <= cap
+        hi = np.where(fits & (lo < hi), mid, hi)
+        lo = np.where(~fits & (lo < hi), mid + 1, lo)
+    some = stage_terms(prof, i, rng, lo)["memory"] <= cap
+    return np.where(none, 0, lo), none | some
 
 
 def _dp_split(prof, cap, cutoff: float = float("inf")) -> stages.Split | None:

@@ -113,9 +113,27 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
 
     # Cheap floors valid for every split: max t >= sum t / p, and the largest tail is at least
     # the least tail some range at the worst position can have.
-    t_floor = max(sigma_min / p, float(np.where(valid, t, INF).reshape(p, -1).min(axis=1).max()))
-    tails = np.where(valid, tail, INF).reshape(p, -1).min(axis=1)
-    u_floor = float(tails.max())
+    # the first stage starts at layer 0 and the last one ends at layer L
+    n1 = t.shape[1]
+    lengths = np.arange(1, t.shape[2] + 1)
+    ends_at_last = (n1 - 1 - lengths).clip(0)
+
+    def least(table, i, only_start=None, only_end=False):
+        cells = np.where(valid[i], table[i], INF)
+        if only_start is not None:
+            return cells[only_start].min()
+        if only_end:
+            return cells[ends_at_last, lengths - 1].min()
+        return cells.min()
+
+    def floor_of(table):
+        per_stage = [least(table, i) for i in range(p)]
+        per_stage[0] = least(table, 0, only_start=0)
+        per_stage[p - 1] = max(per_stage[p - 1], least(table, p - 1, only_end=True))
+        return float(max(per_stage))
+
+    t_floor = max(sigma_min / p, floor_of(t))
+    u_floor = floor_of(tail)
 
     def below(values, x):
         k = np.searchsorted(values, x) - 1
