@@ -42,6 +42,25 @@ class Split:
     exhaustive: bool
 
 
+def _minimax(cost: np.ndarray) -> float:
+    """Min over splits of max_i cost[i, a_i, n_i]: the same recursion as `_shortest` with max for +
+    (the least bottleneck any split can have)."""
+    p, n1, width = cost.shape
+    end = n1 - 1
+    b = np.arange(n1)[:, None]
+    n = np.arange(1, width + 1)[None, :]
+    start = b - n
+    valid = start >= 0
+    start_c = np.where(valid, start, 0)
+    lengths = np.arange(1, width + 1)
+    best = np.full(n1, INF)
+    reach = lengths <= end
+    best[lengths[reach]] = cost[0, 0, reach]
+    for i in range(1, p):
+        best = np.where(valid, np.maximum(best[start_c], cost[i, start_c, n - 1 + 0 * b]), INF).min(axis=1)
+    return float(best[end])
+
+
 def _shortest(cost: np.ndarray) -> tuple[float, list[int]]:
     """Min over splits of sum_i cost[i, a_i, n_i] (a_0 = 0, a_i + n_i = a_{i+1}, a_p = L)."""
     p, n1, width = cost.shape
@@ -113,27 +132,11 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
 
     # Cheap floors valid for every split: max t >= sum t / p, and the largest tail is at least
     # the least tail some range at the worst position can have.
-    # the first stage starts at layer 0 and the last one ends at layer L
-    n1 = t.shape[1]
-    lengths = np.arange(1, t.shape[2] + 1)
-    ends_at_last = (n1 - 1 - lengths).clip(0)
-
-    def least(table, i, only_start=None, only_end=False):
-        cells = np.where(valid[i], table[i], INF)
-        if only_start is not None:
-            return cells[only_start].min()
-        if only_end:
-            return cells[ends_at_last, lengths - 1].min()
-        return cells.min()
-
-    def floor_of(table):
-        per_stage = [least(table, i) for i in range(p)]
-        per_stage[0] = least(table, 0, only_start=0)
-        per_stage[p - 1] = max(per_stage[p - 1], least(table, p - 1, only_end=True))
-        return float(max(per_stage))
-
-    t_floor = max(sigma_min / p, floor_of(t))
-    u_floor = floor_of(tail)
+    # Exact floors: the least bottleneck and the least largest tail any feasible split can have.
+    t_floor = _minimax(np.where(valid, t, INF).min(axis=3))
+    u_floor = _minimax(np.where(valid, tail, INF).min(axis=3))
+    if (microbatches - 1) * t_floor + sigma_min + u_floor >= cutoff:
+        return None
 
     def below(values, x):
         k = np.searchsorted(values, x) - 1
