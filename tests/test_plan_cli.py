@@ -192,3 +192,10 @@ def test_schema_describes_the_plan(plan_doc):
     schema = json.loads(run("schema").stdout)
     assert schema["title"] == "planner.plan/v1"
     assert set(schema["required"]) <= set(json.loads(plan_doc[1]))
+
+
+def test_plans_read_back_identically(plan_doc):
+    from planner.plan import dumps, read_plan
+
+    path, stdout = plan_doc
+    assert dumps(read_plan(path)) == stdout
