@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from planner.errors import PlannerError
+from planner.planning import sweep
 from planner.search.driver import search
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
@@ -40,24 +41,32 @@ class BenchRow:
 
 def run_scenario(name: str, model_ref: str, cluster_ref: str, gpus: str, global_batch: int, seq_len: int,
                  repeats: int) -> BenchRow:
+    """One GPU count: the search itself. A range: the sweep `planner plan` runs (parallel
+    processes, one search per count)."""
     model, cluster = load_model(model_ref), load_cluster(cluster_ref)
     counts = parse_gpu_counts(gpus, cluster.gpus_per_node)
-    times, results = [], []
+    times, stats = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        results = []
-        for n in counts:
+        if len(counts) == 1:
             try:
-                results.append(search(model, cluster, TrainingSetup(gpus=n, global_batch=global_batch, seq_len=seq_len)))
+                result = search(model, cluster, TrainingSetup(gpus=counts[0], global_batch=global_batch,
+                                                              seq_len=seq_len))
+                stats = [(result.summary(), result.best.step_time_s if result.best else None)]
             except PlannerError:
-                continue
+                stats = []
+        else:
+            request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len, precision="bf16",
+                           attention="flash", runtime="any", constraints={}, top=0)
+            entries = sweep(request, counts)
+            stats = [(e["plan"]["search"], e["plan"]["prediction"]["step_time_s"]) for e in entries if "plan" in e]
         times.append(time.perf_counter() - start)
-    best = [r.best.step_time_s for r in results if r.best is not None]
-    return BenchRow(name=name, counts=len(counts), considered=sum(r.considered for r in results),
-                    pruned_memory=sum(r.pruned_memory for r in results),
-                    pruned_bound=sum(r.pruned_bound for r in results), priced=sum(r.priced for r in results),
+    best = [step for _, step in stats if step is not None]
+    return BenchRow(name=name, counts=len(counts), considered=sum(s["considered"] for s, _ in stats),
+                    pruned_memory=sum(s["pruned_memory"] for s, _ in stats),
+                    pruned_bound=sum(s["pruned_bound"] for s, _ in stats), priced=sum(s["priced"] for s, _ in stats),
                     median_s=statistics.median(times), best_step_s=min(best) if best else None,
-                    proven_optimal=all(r.proven_optimal for r in results))
+                    proven_optimal=all(s["proven_optimal"] for s, _ in stats))
 
 
 def plan_command_wall_s(repeats: int) -> float:

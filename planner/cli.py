@@ -187,7 +187,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
     from planner import report
     from planner.errors import InfeasibleError
     from planner.plan import dumps, sweep_document, write_atomic
-    from planner.planning import make_plan
+    from planner.planning import make_plan, sweep
     from planner.spec.hardware import load_cluster
     from planner.spec.model import load_model
     from planner.spec.training import parse_gpu_counts
@@ -203,14 +203,8 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
         with report.progress("searching", delay_s=1.0) as step:
             doc = make_plan(gpus=counts[0], progress=step, **request)
     else:
-        entries = []
         with report.progress("sweeping", delay_s=1.0) as step:
-            for k, n in enumerate(counts):
-                step(k, len(counts), f"{n} GPUs")
-                try:
-                    entries.append({"gpus": n, "plan": make_plan(gpus=n, **request)})
-                except (InfeasibleError, PlannerError) as e:
-                    entries.append({"gpus": n, "infeasible": str(e)})
+            entries = sweep(request, counts, progress=step)
         doc = sweep_document(entries)
         if not any("plan" in e for e in entries):
             raise InfeasibleError("no GPU count of the sweep has a feasible plan: "

@@ -88,3 +88,34 @@ def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> di
         why = f"same strategy; step time {growth * 100:+.2f}% (tolerance {tolerance * 100:.2f}%)"
     return {"verdict": verdict, "reason": why, "step_time_change": growth, "changes": diff(doc, fresh),
             "fresh": fresh}
+
+
+def _sweep_entry(request: dict, gpus: int) -> dict:
+    from planner.errors import PlannerError
+    try:
+        return {"gpus": gpus, "plan": make_plan(gpus=gpus, **request)}
+    except PlannerError as e:
+        return {"gpus": gpus, "infeasible": str(e)}
+
+
+def sweep(request: dict, counts: list[int], progress=None, workers: int | None = None) -> list[dict]:
+    """One plan (or the reason there is none) per GPU count, searched in parallel processes (as
+    many as cores, at most 8); the entries come back in the order of `counts`."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = workers or min(8, os.cpu_count() or 1, len(counts))
+    if workers <= 1:
+        out = []
+        for k, n in enumerate(counts):
+            if progress:
+                progress(k, len(counts), f"{n} GPUs")
+            out.append(_sweep_entry(request, n))
+        return out
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_sweep_entry, request, n) for n in counts]
+        for k, f in enumerate(futures):
+            if progress:
+                progress(k, len(counts), f"{counts[k]} GPUs")
+            f.result()
+        return [f.result() for f in futures]
