@@ -148,6 +148,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
         least_saved = (saved_f if full else saved_b).min()
         pp, shards = knobs["pp"], knobs["dp"] * knobs["cp"]
         eshards = max(1, shards // knobs["ep"])
+        even_max: dict = {}
         for zero in zeros:
             opt_floor = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / (shards if zero else 1) + expert
                                                                         / (eshards if zero else 1)) / pp,
@@ -167,6 +168,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                 one = replace(prof, strategy=replace(probe, zero=zero))
                 tail_floor = float(stage_terms(one, 0, [(0, L)], L if full else 0)["tail"])
             for v in vpps:
+                fixed_split = pp == 1 or v > 1 or rules.uneven_split == "none"
                 floor = _memory_floor(least_state, least_saved, L, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
                 if floor > cap:
                     pruned_memory += 1
@@ -177,7 +179,13 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                     rec_floor = _recompute_floor(least_state, saved_b.min(), float((saved_b - saved_f).max()),
                                                  float(np.diff(P["rec_f"]).min()), L, pp, m, v, cap)
                 sigma = total + pp * prof.p2p_s * v + zfloor + rec_floor
-                pipe = ((m - 1.0 / v) / pp + 1.0 / v) * sigma
+                bottleneck = sigma / pp
+                if fixed_split:
+                    # the even split is the only split: its largest stage is known before pricing
+                    if v not in even_max:
+                        even_max[v] = _even_split_max(prof, L, pp, v)
+                    bottleneck = max(bottleneck, even_max[v])
+                pipe = (m - 1.0 / v) * bottleneck + sigma / v
                 heapq.heappush(heap, (pipe + tail_floor, len(heap), knobs, v, zero, pipe if pp > 1 else None))
     if progress:
         progress(0, len(heap), "pricing")
@@ -232,6 +240,20 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                         programmes=programmes, ilp_solves=ilp_solves, proven_optimal=optimal,
                         elapsed_s=time.perf_counter() - start,
                         memory_floor_bytes=least_floor if np.isfinite(least_floor) else 0.0)
+
+
+def _even_split_max(prof, layers: int, pp: int, v: int) -> float:
+    """The largest stage time of the even split without the terms that need ZeRO or recompute
+    counts (compute, attention recompute of 'selective', tp/cp/ep traffic, the embedding and the
+    head, p2p): a lower bound on its bottleneck."""
+    P, E = prof.prefix, prof.ends
+    per = sum(P[k] for k in ("comp", "rec_b", "tp", "cp", "ep"))
+    times = [0.0] * pp
+    for i, chunks in enumerate(stage_chunks(split_layers(layers, pp, v), pp)):
+        times[i] = sum(per[b] - per[a] for a, b in chunks) + prof.p2p_s * v
+    times[0] += E["emb_comp"] + E["emb_tp"]
+    times[-1] += E["head_comp"] + E["head_tp"]
+    return max(times)
 
 
 def _tail_floor(prof, full: bool) -> float:
