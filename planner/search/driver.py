@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from functools import lru_cache
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -284,10 +285,9 @@ def _recompute_floor(state: float, saved: float, saving: float, cost: float, lay
     reserve <= cap, so r_i >= (n_i (state / k_i + saved) - (cap - reserve) / k_i) / saving; summed
     over the stages with k_i <= max k: sum r_i >= (L (state / max k + saved) - (cap - reserve)
     sum 1/k_i) / saving. Per-layer minima (maximum saving) keep it a lower bound."""
-    from planner.cost.pipeline import in_flight
     if saving <= 0:
         return 0.0
-    k = in_flight(np.arange(pp), pp, m, v)
+    k = _in_flight_all(pp, m, v)
     need = (layers * (state / k.max() + saved) - (cap - memory.RUNTIME_RESERVED_BYTES) * float(np.sum(1.0 / k))) / saving
     return min(max(0.0, need), layers) * cost
 
@@ -296,8 +296,13 @@ def _memory_floor(state: float, saved: float, layers: int, pp: int, m: int, v: i
     """Least peak memory of any split: stage i with n_i layers holds n_i * (state + k_i * saved),
     k_i its in-flight micro-batches; the continuous relaxation equalises the stages, so the peak
     is at least layers / sum_i 1 / (state + k_i * saved) (per-layer minima of the model)."""
+    return layers / float(np.sum(1.0 / (state + _in_flight_all(pp, m, v) * saved)))
+
+
+@lru_cache(maxsize=4096)
+def _in_flight_all(pp: int, m: int, v: int) -> np.ndarray:
     from planner.cost.pipeline import in_flight
-    return layers / float(np.sum(1.0 / (state + in_flight(np.arange(pp), pp, m, v) * saved)))
+    return in_flight(np.arange(pp), pp, m, v)
 
 
 def _key(s: Strategy) -> tuple:
