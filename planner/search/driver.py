@@ -147,6 +147,9 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
         full = knobs["recompute"] == "full"
         saved_b, saved_f = np.diff(P["saved_b"]), np.diff(P["saved_f"])
         least_saved = (saved_f if full else saved_b).min()
+        layer_params, layer_expert = np.diff(P["params"]), np.diff(P["expert"])
+        if full:
+            rec_args = (saved_b.min(), float((saved_b - saved_f).max()), float(np.diff(P["rec_f"]).min()))
         pp, shards = knobs["pp"], knobs["dp"] * knobs["cp"]
         eshards = max(1, shards // knobs["ep"])
         even_max: dict = {}
@@ -154,9 +157,8 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
             opt_floor = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / (shards if zero else 1) + expert
                                                                         / (eshards if zero else 1)) / pp,
                                               cluster.gpu.hbm_Bps, cluster.efficiency)
-            states = (np.sum(memory.state_bytes(np.diff(P["params"]), zero, shards), axis=0)
-                      + np.sum(memory.state_bytes(np.diff(P["expert"]), zero, eshards), axis=0))
-            least_state = float(states.min())
+            per_dense, per_expert = sum(memory.state_bytes(1.0, zero, shards)), sum(memory.state_bytes(1.0, zero, eshards))
+            least_state = float((per_dense * layer_params + per_expert * layer_expert).min())
             zfloor = 0.0
             if zero >= 2:
                 # sum_i max(0, x_i) >= max(0, sum_i x_i): ZeRO-2/3 per-micro-batch traffic not hidden
@@ -177,8 +179,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                     continue
                 rec_floor = 0.0
                 if full:
-                    rec_floor = _recompute_floor(least_state, saved_b.min(), float((saved_b - saved_f).max()),
-                                                 float(np.diff(P["rec_f"]).min()), L, pp, m, v, cap)
+                    rec_floor = _recompute_floor(least_state, *rec_args, L, pp, m, v, cap)
                 sigma = total + pp * prof.p2p_s * v + zfloor + rec_floor
                 bottleneck = sigma / pp
                 if fixed_split:
