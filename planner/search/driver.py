@@ -152,43 +152,51 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
             rec_args = (saved_b.min(), float((saved_b - saved_f).max()), float(np.diff(P["rec_f"]).min()))
         pp, shards = knobs["pp"], knobs["dp"] * knobs["cp"]
         eshards = max(1, shards // knobs["ep"])
-        even_max: dict = {}
-        for zero in zeros:
-            opt_floor = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / (shards if zero else 1) + expert
-                                                                        / (eshards if zero else 1)) / pp,
-                                              cluster.gpu.hbm_Bps, cluster.efficiency)
-            per_dense, per_expert = sum(memory.state_bytes(1.0, zero, shards)), sum(memory.state_bytes(1.0, zero, eshards))
-            least_state = float((per_dense * layer_params + per_expert * layer_expert).min())
-            zfloor = 0.0
+        # Memory floor of any split: stage i with n_i layers holds n_i * (state + k_i * saved), k_i
+        # its in-flight micro-batches; the continuous relaxation equalises the stages, so the peak
+        # is at least L / sum_i 1 / (state + k_i * saved) (per-layer minima of the model).
+        # every (ZeRO stage, vpp) of this layer context at once: arrays of shape (zeros, vpps)
+        zs, vs = np.array(zeros), np.array(vpps, dtype=float)
+        per_dense = np.array([sum(memory.state_bytes(1.0, z, shards)) for z in zeros])
+        per_expert = np.array([sum(memory.state_bytes(1.0, z, eshards)) for z in zeros])
+        least_state = (per_dense[:, None] * layer_params + per_expert[:, None] * layer_expert).min(axis=1)
+        k = np.stack([_in_flight_all(pp, m, v) for v in vpps])  # (vpps, pp)
+        floor = (L / np.sum(1.0 / (least_state[:, None, None] + k[None] * least_saved), axis=2)
+                 + memory.RUNTIME_RESERVED_BYTES)
+        sharded = zs > 0
+        opt_floor = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / np.where(sharded, shards, 1) + expert
+                                                                    / np.where(sharded, eshards, 1)) / pp,
+                                          cluster.gpu.hbm_Bps, cluster.efficiency)
+        zfloor = np.zeros(len(zeros))
+        tail_floor = opt_floor.copy()
+        for j, zero in enumerate(zeros):
             if zero >= 2:
                 # sum_i max(0, x_i) >= max(0, sum_i x_i): ZeRO-2/3 per-micro-batch traffic not hidden
                 traffic = _zero_traffic(prof, zero, dense, expert)
-                zfloor = max(0.0, traffic - cluster.efficiency.dp_overlap_fraction * (P["comp"][L] + E["emb_comp"]
-                                                                                       + E["head_comp"]))
-            tail_floor = opt_floor
+                zfloor[j] = max(0.0, traffic - cluster.efficiency.dp_overlap_fraction
+                                * (P["comp"][L] + E["emb_comp"] + E["head_comp"]))
             if pp == 1:
                 # one stage: its tail is exact (most hidden when every layer recomputes)
                 one = replace(prof, strategy=replace(probe, zero=zero))
-                tail_floor = float(stage_terms(one, 0, [(0, L)], L if full else 0)["tail"])
-            for v in vpps:
-                fixed_split = pp == 1 or v > 1 or rules.uneven_split == "none"
-                floor = _memory_floor(least_state, least_saved, L, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
-                if floor > cap:
-                    pruned_memory += 1
-                    least_floor = min(least_floor, floor)
-                    continue
-                rec_floor = 0.0
-                if full:
-                    rec_floor = _recompute_floor(least_state, *rec_args, L, pp, m, v, cap)
-                sigma = total + pp * prof.p2p_s * v + zfloor + rec_floor
-                bottleneck = sigma / pp
-                if fixed_split:
-                    # the even split is the only split: its largest stage is known before pricing
-                    if v not in even_max:
-                        even_max[v] = _even_split_max(prof, L, pp, v)
-                    bottleneck = max(bottleneck, even_max[v])
-                pipe = (m - 1.0 / v) * bottleneck + sigma / v
-                heapq.heappush(heap, (pipe + tail_floor, len(heap), knobs, v, zero, pipe if pp > 1 else None))
+                tail_floor[j] = float(stage_terms(one, 0, [(0, L)], L if full else 0)["tail"])
+        rec_floor = np.zeros_like(floor)
+        if full:
+            rec_floor = _recompute_floor(least_state[:, None], *rec_args, L, k, cap)
+        sigma = total + pp * prof.p2p_s * vs[None, :] + zfloor[:, None] + rec_floor
+        bottleneck = sigma / pp
+        for col, v in enumerate(vpps):
+            if pp == 1 or v > 1 or rules.uneven_split == "none":
+                # the even split is the only split: its largest stage is known before pricing
+                bottleneck[:, col] = np.maximum(bottleneck[:, col], _even_split_max(prof, L, pp, v))
+        pipe = (m - 1.0 / vs[None, :]) * bottleneck + sigma / vs[None, :]
+        bound = pipe + tail_floor[:, None]
+        fits = floor <= cap
+        pruned_memory += int((~fits).sum())
+        if (~fits).any():
+            least_floor = min(least_floor, float(floor[~fits].min()))
+        for j, col in zip(*np.nonzero(fits)):
+            heapq.heappush(heap, (float(bound[j, col]), len(heap), knobs, vpps[col], zeros[j],
+                                  float(pipe[j, col]) if pp > 1 else None))
     if progress:
         progress(0, len(heap), "pricing")
 
@@ -279,25 +287,19 @@ def _zero_traffic(prof, zero: int, dense: float, expert: float) -> float:
     return total
 
 
-def _recompute_floor(state: float, saved: float, saving: float, cost: float, layers: int, pp: int, m: int,
-                     v: int, cap: float) -> float:
+def _recompute_floor(state, saved: float, saving: float, cost: float, layers: int, k: np.ndarray,
+                     cap: float):
     """Least recomputation time any split needs to fit. Stage i with n_i layers, k_i micro-batches
     in flight and r_i recomputed layers fits only if n_i (state + k_i saved) - k_i r_i saving +
     reserve <= cap, so r_i >= (n_i (state / k_i + saved) - (cap - reserve) / k_i) / saving; summed
     over the stages with k_i <= max k: sum r_i >= (L (state / max k + saved) - (cap - reserve)
-    sum 1/k_i) / saving. Per-layer minima (maximum saving) keep it a lower bound."""
+    sum 1/k_i) / saving. Per-layer minima (maximum saving) keep it a lower bound. `k` holds the
+    in-flight counts per stage (last axis), `state` broadcasts against its other axes."""
     if saving <= 0:
-        return 0.0
-    k = _in_flight_all(pp, m, v)
-    need = (layers * (state / k.max() + saved) - (cap - memory.RUNTIME_RESERVED_BYTES) * float(np.sum(1.0 / k))) / saving
-    return min(max(0.0, need), layers) * cost
-
-
-def _memory_floor(state: float, saved: float, layers: int, pp: int, m: int, v: int) -> float:
-    """Least peak memory of any split: stage i with n_i layers holds n_i * (state + k_i * saved),
-    k_i its in-flight micro-batches; the continuous relaxation equalises the stages, so the peak
-    is at least layers / sum_i 1 / (state + k_i * saved) (per-layer minima of the model)."""
-    return layers / float(np.sum(1.0 / (state + _in_flight_all(pp, m, v) * saved)))
+        return 0.0 * state * k[..., 0]
+    need = (layers * (state / k.max(axis=-1) + saved)
+            - (cap - memory.RUNTIME_RESERVED_BYTES) * np.sum(1.0 / k, axis=-1)) / saving
+    return np.clip(need, 0.0, layers) * cost
 
 
 @lru_cache(maxsize=4096)
