@@ -218,7 +218,8 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
         if pipe is not None:
             # refine on first pop: the first and the last stage hold at least one layer each, so the
             # largest tail is at least the least tail either can have
-            refined = pipe + _tail_floor(profile(model, cluster, setup, s), s.recompute == "full")
+            fixed_split = s.vpp > 1 or rules.uneven_split == "none"
+            refined = pipe + _tail_floor(profile(model, cluster, setup, s), s.recompute == "full", fixed_split)
             if refined > bound * (1 + 1e-12):
                 heapq.heappush(heap, (refined, order, knobs, v, zero, None))
                 continue
@@ -266,14 +267,20 @@ def _even_split_max(prof, layers: int, pp: int, v: int) -> float:
     return max(times)
 
 
-def _tail_floor(prof, full: bool) -> float:
-    """Least tail the first or the last stage can have, over every one-layer range (a tail only
-    grows with more layers' gradients and shrinks with more backward to hide behind, which a
-    single layer bounds per layer; the optimizer share is proportional)."""
-    L = prof.model.layers
+def _tail_floor(prof, full: bool, fixed_split: bool) -> float:
+    """Least tail the first or the last stage can have (most hidden: every layer recomputed).
+    With a fixed (even) split their layers are known; otherwise over every one-layer range (a
+    tail grows with more layers' gradients and shrinks with more backward to hide behind, which
+    a single layer bounds per layer; the optimizer share is proportional)."""
+    s, L = prof.strategy, prof.model.layers
+    if fixed_split:
+        per_stage = stage_chunks(split_layers(L, s.pp, s.vpp), s.pp)
+        tails = [stage_terms(prof, i, per_stage[i], sum(b - a for a, b in per_stage[i]) if full else 0)["tail"]
+                 for i in (0, s.pp - 1)]
+        return float(max(tails))
     a = np.arange(L)
     first = stage_terms(prof, 0, [(a, a + 1)], 1 if full else 0)["tail"]
-    last = stage_terms(prof, prof.strategy.pp - 1, [(a, a + 1)], 1 if full else 0)["tail"]
+    last = stage_terms(prof, s.pp - 1, [(a, a + 1)], 1 if full else 0)["tail"]
     return float(max(np.min(first), np.min(last)))
 
 
