@@ -409,8 +409,27 @@ def _dp_split(prof, cap, cutoff: float = float("inf")) -> stages.Split | None:
     """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`)."""
     s, L = prof.strategy, prof.model.layers
     width = min(L, MAX_STAGE_FACTOR * -(-L // s.pp))
+    if _split_floor(prof, width) >= cutoff:
+        return None
     t, tail, ok = _tables(prof, width)
     return stages.best_split(t, tail, ok, prof.microbatches, cutoff)
+
+
+def _split_floor(prof, width: int) -> float:
+    """A lower bound on the step of every split, from stage times without the terms that need
+    ZeRO, memory or recompute counts: (m - 1) * (least bottleneck) + sum of stage times. Cheap
+    (prefix sums only), so the DP's tables are built only for candidates that may win."""
+    s, L, P, E = prof.strategy, prof.model.layers, prof.prefix, prof.ends
+    per = sum(P[k] for k in ("comp", "rec_b", "tp", "cp", "ep"))
+    a = np.arange(L + 1)[:, None]
+    n = np.arange(1, width + 1)[None, :]
+    end = np.minimum(a + n, L)
+    base = np.where(a + n <= L, per[end] - per[a], np.inf) + prof.p2p_s
+    t = np.broadcast_to(base, (s.pp, L + 1, width)).copy()
+    t[0] += E["emb_comp"] + E["emb_tp"]
+    t[-1] += E["head_comp"] + E["head_tp"]
+    total = per[L] + E["emb_comp"] + E["emb_tp"] + E["head_comp"] + E["head_tp"] + s.pp * prof.p2p_s
+    return (prof.microbatches - 1) * stages.least_bottleneck(t) + total
 
 
 def _ends_split(prof, cap) -> stages.Split | None:

@@ -42,7 +42,7 @@ class Split:
     exhaustive: bool
 
 
-def _minimax(cost: np.ndarray) -> float:
+def least_bottleneck(cost: np.ndarray) -> float:
     """Min over splits of max_i cost[i, a_i, n_i]: the same recursion as `_shortest` with max for +
     (the least bottleneck any split can have)."""
     p, n1, width = cost.shape
@@ -133,8 +133,8 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     # Cheap floors valid for every split: max t >= sum t / p, and the largest tail is at least
     # the least tail some range at the worst position can have.
     # Exact floors: the least bottleneck and the least largest tail any feasible split can have.
-    t_floor = _minimax(np.where(valid, t, INF).min(axis=3))
-    u_floor = _minimax(np.where(valid, tail, INF).min(axis=3))
+    t_floor = least_bottleneck(np.where(valid, t, INF).min(axis=3))
+    u_floor = least_bottleneck(np.where(valid, tail, INF).min(axis=3))
     if (microbatches - 1) * t_floor + sigma_min + u_floor >= cutoff:
         return None
 
