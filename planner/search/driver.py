@@ -196,7 +196,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
             least_floor = min(least_floor, float(floor[~fits].min()))
         for j, col in zip(*np.nonzero(fits)):
             heapq.heappush(heap, (float(bound[j, col]), len(heap), knobs, vpps[col], zeros[j],
-                                  float(pipe[j, col]) if pp > 1 else None))
+                                  float(pipe[j, col]) if pp > 1 else None, True))
     if progress:
         progress(0, len(heap), "pricing")
 
@@ -207,7 +207,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     optimal = True
     pruned_bound = 0
     while heap:
-        bound, order, knobs, v, zero, pipe = heapq.heappop(heap)
+        bound, order, knobs, v, zero, pipe, refine = heapq.heappop(heap)
         if best is not None and bound >= best.step_time_s:
             pruned_bound = len(heap) + 1
             break
@@ -215,16 +215,19 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                      recompute_layers=fixed.get("recompute_layers"))
         if strategy_problems(s, model, setup):
             continue
+        tail = 0.0
         if pipe is not None:
-            # refine on first pop: the first and the last stage hold at least one layer each, so the
-            # largest tail is at least the least tail either can have
-            fixed_split = s.vpp > 1 or rules.uneven_split == "none"
-            refined = pipe + _tail_floor(profile(model, cluster, setup, s), s.recompute == "full", fixed_split)
-            if refined > bound * (1 + 1e-12):
-                heapq.heappush(heap, (refined, order, knobs, v, zero, None))
-                continue
+            if refine:
+                # refine on first pop: the first and the last stage hold at least one layer each,
+                # so the largest tail is at least the least tail either can have
+                fixed_split = s.vpp > 1 or rules.uneven_split == "none"
+                tail = _tail_floor(profile(model, cluster, setup, s), s.recompute == "full", fixed_split)
+                if pipe + tail > bound * (1 + 1e-12):
+                    heapq.heappush(heap, (pipe + tail, order, knobs, v, zero, pipe, False))
+                    continue
+            tail = max(tail, bound - pipe)  # the bound's own tail part is a floor too
         found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
-                              best.step_time_s if best is not None else float("inf"))
+                              best.step_time_s if best is not None else float("inf"), tail)
         priced += 1
         programmes += stats["programmes"]
         ilp_solves += stats["ilp"]
@@ -320,7 +323,7 @@ def _key(s: Strategy) -> tuple:
 
 
 def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
-           best_s: float = float("inf")) -> tuple[list[Candidate], dict]:
+           best_s: float = float("inf"), tail_floor: float = 0.0) -> tuple[list[Candidate], dict]:
     """The split: the exact DP for 1F1B with a free split (for 'full' on the relaxed tables of
     `_tables`), Megatron's first/last-stage split, or the even split. Then, for 'full', how many
     layers each stage recomputes by the ILP. `best_s` is the best step found so far."""
@@ -331,7 +334,7 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
     free_split = s.pp > 1 and s.vpp == 1 and rules.uneven_split == "any"
     splits: list[tuple[tuple, tuple | None]] = []
     if free_split:
-        found = _dp_split(prof, cap, best_s)
+        found = _dp_split(prof, cap, best_s, tail_floor)
         if found is not None:
             stats["programmes"] += found.programmes
             stats["optimal"] &= found.exhaustive
@@ -405,11 +408,12 @@ def _least_counts(prof, i, rng, n, cap):
     return np.where(none, 0, lo), none | some
 
 
-def _dp_split(prof, cap, cutoff: float = float("inf")) -> stages.Split | None:
-    """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`)."""
+def _dp_split(prof, cap, cutoff: float = float("inf"), tail_floor: float = 0.0) -> stages.Split | None:
+    """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`);
+    `tail_floor` is a known lower bound of every split's largest tail."""
     s, L = prof.strategy, prof.model.layers
     width = min(L, MAX_STAGE_FACTOR * -(-L // s.pp))
-    if _split_floor(prof, width) >= cutoff:
+    if _split_floor(prof, width) + tail_floor >= cutoff:
         return None
     t, tail, ok = _tables(prof, width)
     return stages.best_split(t, tail, ok, prof.microbatches, cutoff)
