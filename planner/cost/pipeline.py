@@ -37,6 +37,16 @@ def stage_chunks(bounds: list[tuple[int, int]], pp: int) -> list[list[tuple[int,
     return [bounds[i::pp] for i in range(pp)]
 
 
+def chunk_arrays(bounds: list[tuple[int, int]], pp: int, stages=None) -> tuple[list, np.ndarray]:
+    """The chunks of `stages` (default: all) as [(a, b), ...] with a and b arrays over those
+    stages (stage i holds chunks i, i + pp, ...), and each stage's layer count: the form in
+    which the cost model prices many stages at once."""
+    stages = np.arange(pp) if stages is None else np.asarray(stages)
+    chunks = [(np.array([bounds[k * pp + i][0] for i in stages]), np.array([bounds[k * pp + i][1] for i in stages]))
+              for k in range(len(bounds) // pp)]
+    return chunks, sum(b - a for a, b in chunks)
+
+
 def pipeline_time_s(stage_times_s: list[float], microbatches: int, vpp: int) -> tuple[float, float]:
     """(step time of the pipeline, bubble part of it); formula in the module docstring."""
     worst = max(stage_times_s)

@@ -323,11 +323,7 @@ def split_terms(prof: Profile, bounds, recompute_layers=None) -> dict:
     `bounds` lists pp*vpp chunks [a, b); stage i holds chunks i, i+pp, ...; `recompute_layers`
     per stage (recompute 'full'; default: the strategy's count on every stage, or all layers)."""
     s = prof.strategy
-    chunks = []
-    for k in range(s.vpp):
-        part = bounds[k * s.pp:(k + 1) * s.pp]
-        chunks.append((np.array([c[0] for c in part]), np.array([c[1] for c in part])))
-    sizes = sum(b - a for a, b in chunks)
+    chunks, sizes = pipeline.chunk_arrays(bounds, s.pp)
     if recompute_layers is not None:
         r = np.asarray(recompute_layers)
     elif s.recompute_layers is not None:

@@ -25,7 +25,7 @@ import numpy as np
 from planner.cost import comm, compute, memory
 from planner.cost.step import (ADAM_BYTES_PER_PARAM, StepEstimate, estimate, profile, split_step, split_terms,
                                 stage_terms)
-from planner.cost.pipeline import split_layers, stage_chunks
+from planner.cost.pipeline import chunk_arrays, split_layers
 from planner.search import ilp, space, stages
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
@@ -261,13 +261,12 @@ def _even_split_max(prof, layers: int, pp: int, v: int) -> float:
     counts (compute, attention recompute of 'selective', tp/cp/ep traffic, the embedding and the
     head, p2p): a lower bound on its bottleneck."""
     P, E = prof.prefix, prof.ends
-    per = sum(P[k] for k in ("comp", "rec_b", "tp", "cp", "ep"))
-    times = [0.0] * pp
-    for i, chunks in enumerate(stage_chunks(split_layers(layers, pp, v), pp)):
-        times[i] = sum(per[b] - per[a] for a, b in chunks) + prof.p2p_s * v
+    per = P["comp"] + P["rec_b"] + P["tp"] + P["cp"] + P["ep"]
+    chunks, _ = chunk_arrays(split_layers(layers, pp, v), pp, np.arange(pp))
+    times = sum(per[b] - per[a] for a, b in chunks) + prof.p2p_s * v
     times[0] += E["emb_comp"] + E["emb_tp"]
     times[-1] += E["head_comp"] + E["head_tp"]
-    return max(times)
+    return float(times.max())
 
 
 def _tail_floor(prof, full: bool, fixed_split: bool) -> float:
@@ -277,10 +276,9 @@ def _tail_floor(prof, full: bool, fixed_split: bool) -> float:
     a single layer bounds per layer; the optimizer share is proportional)."""
     s, L = prof.strategy, prof.model.layers
     if fixed_split:
-        per_stage = stage_chunks(split_layers(L, s.pp, s.vpp), s.pp)
-        tails = [stage_terms(prof, i, per_stage[i], sum(b - a for a, b in per_stage[i]) if full else 0)["tail"]
-                 for i in (0, s.pp - 1)]
-        return float(max(tails))
+        ends = np.array([0, s.pp - 1])
+        chunks, sizes = chunk_arrays(split_layers(L, s.pp, s.vpp), s.pp, ends)
+        return float(np.max(stage_terms(prof, ends, chunks, sizes if full else 0)["tail"]))
     a = np.arange(L)
     first = stage_terms(prof, 0, [(a, a + 1)], 1 if full else 0)["tail"]
     last = stage_terms(prof, s.pp - 1, [(a, a + 1)], 1 if full else 0)["tail"]
@@ -470,12 +468,11 @@ def _recompute(prof, bounds, rules, cap, solver, time_limit_s, best_s: float) ->
     skipped when it provably cannot matter: no stage's tail can drop, or even its best case
     cannot beat `best_s`."""
     s = prof.strategy
-    per_stage = stage_chunks(list(bounds), s.pp)
-    counts = [sum(hi - lo for lo, hi in chunks) for chunks in per_stage]
+    flat, sizes = chunk_arrays(list(bounds), s.pp)
+    counts = [int(n) for n in sizes]
     i = np.arange(s.pp)[:, None]
     r = np.arange(max(counts) + 1)[None, :]
-    chunks = [(np.array([c[k][0] for c in per_stage])[:, None], np.array([c[k][1] for c in per_stage])[:, None])
-              for k in range(s.vpp)]
+    chunks = [(a[:, None], b[:, None]) for a, b in flat]
     terms = stage_terms(prof, i, chunks, r)  # every stage and count at once
     shape = (s.pp, r.shape[1])
     fits = np.broadcast_to(terms["memory"] <= cap, shape)
