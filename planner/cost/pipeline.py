@@ -13,6 +13,8 @@ et al. 2022's p * (1 + (p-1)/(p*v)) micro-batches of the whole stage.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 
@@ -45,6 +47,16 @@ def chunk_arrays(bounds: list[tuple[int, int]], pp: int, stages=None) -> tuple[l
     chunks = [(np.array([bounds[k * pp + i][0] for i in stages]), np.array([bounds[k * pp + i][1] for i in stages]))
               for k in range(len(bounds) // pp)]
     return chunks, sum(b - a for a, b in chunks)
+
+
+@lru_cache(maxsize=4096)
+def even_chunks(layers: int, pp: int, vpp: int) -> tuple[tuple, np.ndarray]:
+    """chunk_arrays of the even split (cached: the search asks for the same splits often)."""
+    chunks, sizes = chunk_arrays(split_layers(layers, pp, vpp), pp)
+    for a, b in chunks:
+        a.flags.writeable = b.flags.writeable = False
+    sizes.flags.writeable = False
+    return tuple(chunks), sizes
 
 
 def pipeline_time_s(stage_times_s: list[float], microbatches: int, vpp: int) -> tuple[float, float]:

@@ -25,7 +25,7 @@ import numpy as np
 from planner.cost import comm, compute, memory
 from planner.cost.step import (ADAM_BYTES_PER_PARAM, StepEstimate, estimate, profile, split_step, split_terms,
                                 stage_terms)
-from planner.cost.pipeline import chunk_arrays, split_layers
+from planner.cost.pipeline import chunk_arrays, even_chunks, split_layers
 from planner.search import ilp, space, stages
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
@@ -262,7 +262,7 @@ def _even_split_max(prof, layers: int, pp: int, v: int) -> float:
     head, p2p): a lower bound on its bottleneck."""
     P, E = prof.prefix, prof.ends
     per = P["comp"] + P["rec_b"] + P["tp"] + P["cp"] + P["ep"]
-    chunks, _ = chunk_arrays(split_layers(layers, pp, v), pp, np.arange(pp))
+    chunks, _ = even_chunks(layers, pp, v)
     times = sum(per[b] - per[a] for a, b in chunks) + prof.p2p_s * v
     times[0] += E["emb_comp"] + E["emb_tp"]
     times[-1] += E["head_comp"] + E["head_tp"]
@@ -277,8 +277,9 @@ def _tail_floor(prof, full: bool, fixed_split: bool) -> float:
     s, L = prof.strategy, prof.model.layers
     if fixed_split:
         ends = np.array([0, s.pp - 1])
-        chunks, sizes = chunk_arrays(split_layers(L, s.pp, s.vpp), s.pp, ends)
-        return float(np.max(stage_terms(prof, ends, chunks, sizes if full else 0)["tail"]))
+        chunks, sizes = even_chunks(L, s.pp, s.vpp)
+        chunks = [(a[ends], b[ends]) for a, b in chunks]
+        return float(np.max(stage_terms(prof, ends, chunks, sizes[ends] if full else 0)["tail"]))
     a = np.arange(L)
     first = stage_terms(prof, 0, [(a, a + 1)], 1 if full else 0)["tail"]
     last = stage_terms(prof, s.pp - 1, [(a, a + 1)], 1 if full else 0)["tail"]
