@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 INF = float("inf")
-MAX_PROGRAMMES = 64
+MAX_PROGRAMMES = 128
 """shortest-path programmes per split before the DP gives up proving optimality"""
 
 
