@@ -42,27 +42,9 @@ class Split:
     exhaustive: bool
 
 
-def least_bottleneck(cost: np.ndarray) -> float:
-    """Min over splits of max_i cost[i, a_i, n_i]: the same recursion as `_shortest` with max for +
-    (the least bottleneck any split can have)."""
-    p, n1, width = cost.shape
-    end = n1 - 1
-    b = np.arange(n1)[:, None]
-    n = np.arange(1, width + 1)[None, :]
-    start = b - n
-    valid = start >= 0
-    start_c = np.where(valid, start, 0)
-    lengths = np.arange(1, width + 1)
-    best = np.full(n1, INF)
-    reach = lengths <= end
-    best[lengths[reach]] = cost[0, 0, reach]
-    for i in range(1, p):
-        best = np.where(valid, np.maximum(best[start_c], cost[i, start_c, n - 1 + 0 * b]), INF).min(axis=1)
-    return float(best[end])
-
-
-def _shortest(cost: np.ndarray) -> tuple[float, list[int]]:
-    """Min over splits of sum_i cost[i, a_i, n_i] (a_0 = 0, a_i + n_i = a_{i+1}, a_p = L)."""
+def _chain(cost: np.ndarray, combine) -> tuple[float, list[np.ndarray]]:
+    """The recursion over stages both programmes share: best[i][b] = min_n combine(best[i-1][b-n],
+    cost[i, b-n, n-1]) with a_0 = 0; returns the value at b = L and each stage's chosen lengths."""
     p, n1, width = cost.shape
     end = n1 - 1
     b = np.arange(n1)[:, None]
@@ -76,17 +58,29 @@ def _shortest(cost: np.ndarray) -> tuple[float, list[int]]:
     best[lengths[reach]] = cost[0, 0, reach]
     choices = []
     for i in range(1, p):
-        total = np.where(valid, best[start_c] + cost[i, start_c, n - 1 + 0 * b], INF)
+        total = np.where(valid, combine(best[start_c], cost[i, start_c, n - 1 + 0 * b]), INF)
         arg = np.argmin(total, axis=1)
         choices.append(arg)
         best = total[np.arange(n1), arg]
-    if not np.isfinite(best[end]):
+    return float(best[end]), choices
+
+
+def least_bottleneck(cost: np.ndarray) -> float:
+    """Min over splits of max_i cost[i, a_i, n_i]: the least bottleneck any split can have."""
+    return _chain(cost, np.maximum)[0]
+
+
+def _shortest(cost: np.ndarray) -> tuple[float, list[int]]:
+    """Min over splits of sum_i cost[i, a_i, n_i] (a_0 = 0, a_i + n_i = a_{i+1}, a_p = L), and
+    the split's cut points."""
+    total, choices = _chain(cost, np.add)
+    if not np.isfinite(total):
         return INF, []
-    cuts = [end]
+    cuts = [cost.shape[1] - 1]
     for arg in reversed(choices):
         cuts.append(cuts[-1] - int(arg[cuts[-1]]) - 1)
     cuts.append(0)
-    return float(best[end]), cuts[::-1]
+    return total, cuts[::-1]
 
 
 def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: int,
