@@ -36,18 +36,18 @@ def test_split_dp_matches_brute_force(p, layers, m, seed):
         return
     rng = np.random.default_rng(seed)
     width = layers
-    t = np.full((p, layers + 1, width, 1), np.inf)
+    t = np.full((p, layers + 1, width), np.inf)
     tail = rng.uniform(0, 2, size=t.shape)
     ok = rng.uniform(size=t.shape) < 0.85
     for i in range(p):
         for a in range(layers + 1):
             for n in range(1, width + 1):
                 if a + n <= layers:
-                    t[i, a, n - 1, 0] = n * rng.uniform(0.5, 1.5) + (1.0 if i == p - 1 else 0.0)
+                    t[i, a, n - 1] = n * rng.uniform(0.5, 1.5) + (1.0 if i == p - 1 else 0.0)
     best = None
     for sizes in _compositions(layers, p, width):
         cuts = np.concatenate(([0], np.cumsum(sizes)))
-        cells = [(i, cuts[i], sizes[i] - 1, 0) for i in range(p)]
+        cells = [(i, cuts[i], sizes[i] - 1) for i in range(p)]
         if not all(ok[c] for c in cells):
             continue
         times = [t[c] for c in cells]

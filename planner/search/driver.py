@@ -362,7 +362,7 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
 
 def _tables(prof, width: int):
     """t, tail, ok of every stage position, first layer and length (<= width), shaped
-    (pp, layers+1, width, 1) for stages.best_split. With 'full' each range takes its least
+    (pp, layers+1, width) for stages.best_split. With 'full' each range takes its least
     recompute count that fits (the least time) and the tail of recomputing all its layers (the
     least tail): a relaxation, so the DP's step is a lower bound for every count the ILP may
     choose afterwards and can be cut off against the best plan."""
@@ -371,7 +371,7 @@ def _tables(prof, width: int):
     n = np.tile(np.arange(1, width + 1), L + 1)
     keep = a + n <= L
     a, n = a[keep], n[keep]
-    shape = (s.pp, L + 1, width, 1)
+    shape = (s.pp, L + 1, width)
     t, tail = np.full(shape, np.inf), np.full(shape, np.inf)
     ok = np.zeros(shape, dtype=bool)
     cap = prof.cluster.gpu.memory_bytes
@@ -386,9 +386,9 @@ def _tables(prof, width: int):
     else:
         terms = stage_terms(prof, i, rng, 0)
         fits, least_tail = terms["memory"] <= cap, terms["tail"]
-    t[:, a, n - 1, 0] = np.broadcast_to(terms["t"], size)
-    tail[:, a, n - 1, 0] = np.broadcast_to(least_tail, size)
-    ok[:, a, n - 1, 0] = np.broadcast_to(fits, size)
+    t[:, a, n - 1] = np.broadcast_to(terms["t"], size)
+    tail[:, a, n - 1] = np.broadcast_to(least_tail, size)
+    ok[:, a, n - 1] = np.broadcast_to(fits, size)
     return t, tail, ok
 
 
@@ -452,14 +452,13 @@ def _ends_split(prof, cap) -> stages.Split | None:
             k = rest // (p - 2)
             cuts = [0, first] + [first + k * j for j in range(1, p - 1)] + [L]
             bounds = tuple(zip(cuts[:-1], cuts[1:]))
-            cells = [(i, lo, hi - lo - 1, 0) for i, (lo, hi) in enumerate(bounds)]
+            cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
             if not all(ok[c] for c in cells):
                 continue
             times = [t[c] for c in cells]
             step = (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells)
             if best is None or step < best.step_s:
-                best = stages.Split(bounds=bounds, recompute_layers=(), step_s=float(step), programmes=0,
-                                    exhaustive=True)
+                best = stages.Split(bounds=bounds, step_s=float(step), programmes=0, exhaustive=True)
     return best
 
 

@@ -26,7 +26,6 @@ from planner.spec.training import TrainingSetup
 
 MIN_CP_TOKENS = 512
 MAX_VPP = 8
-ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
 RECOMPUTES = ("none", "selective", "full")
 
 

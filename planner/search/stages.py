@@ -1,9 +1,9 @@
 """Split the layer chain into pipeline stages: an exact dynamic programme over contiguous splits.
 
-Inputs are banded cost tables over every stage position i, first layer a, length n (1..N) and
-recomputed layers r: t[i, a, n-1, r] the time of one micro-batch on stage i holding layers
-[a, a+n), tail[...] what the stage adds after the pipeline drains (exposed DP reduction and
-optimizer step), ok[...] whether it fits in memory. The objective is the cost model's own 1F1B step time
+Inputs are banded cost tables over every stage position i, first layer a and length n (1..N):
+t[i, a, n-1] the time of one micro-batch on stage i holding layers [a, a+n), tail[...] what the
+stage adds after the pipeline drains (exposed DP reduction and optimizer step), ok[...] whether
+it fits in memory. The objective is the cost model's own 1F1B step time
 (cost/pipeline.py with v = 1):
 
     step = m * max_i t_i + (sum_i t_i - max_i t_i) + max_i tail_i
@@ -33,8 +33,6 @@ MAX_PROGRAMMES = 128
 @dataclass(frozen=True, slots=True)
 class Split:
     bounds: tuple[tuple[int, int], ...]
-    recompute_layers: tuple[int, ...]
-    """per stage, the recomputed layers the split's cheapest feasible choice takes"""
     step_s: float
     """(m - 1) * max t + sum t + max tail of the split"""
     programmes: int
@@ -86,11 +84,7 @@ def _shortest(cost: np.ndarray) -> tuple[float, list[int]]:
 def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: int,
                cutoff: float = INF) -> Split | None:
     """Exact best contiguous split (None when no split fits, or none can beat `cutoff`).
-
-    Tables are (p, L+1, N, R): the last axis is the number of fully recomputed layers r (R = 1
-    when there is no such choice). For a range and thresholds (T, U) the cheapest choice is the
-    least r that fits with tail <= U (time grows with r), allowed when its time is <= T; so the
-    DP is exact over splits and recompute counts together."""
+    Tables are (p, L+1, N)."""
     p = t.shape[0]
     valid = ok & np.isfinite(t)
     solved = 0
@@ -98,39 +92,26 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     def solve(T: float, U: float):
         nonlocal solved
         solved += 1
-        mask = valid & (tail <= U)
-        if t.shape[3] == 1:  # no recompute-count axis
-            least = np.zeros(t.shape, dtype=int)
-            chosen, usable = t[..., 0], mask[..., 0] & (t[..., 0] <= T)
-        else:
-            least = np.argmax(mask, axis=3)[..., None]
-            chosen = np.take_along_axis(t, least, axis=3)[..., 0]
-            usable = mask.any(axis=3) & (chosen <= T)
-        total, cuts = _shortest(np.where(usable, chosen, INF))
+        total, cuts = _shortest(np.where(valid & (tail <= U) & (t <= T), t, INF))
         if not cuts:
             return None
         bounds = [(cuts[i], cuts[i + 1]) for i in range(p)]
-        cells = [(i, lo, hi - lo - 1, int(least[i, lo, hi - lo - 1, 0])) for i, (lo, hi) in enumerate(bounds)]
+        cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
         t_max = max(t[c] for c in cells)
         u_max = max(tail[c] for c in cells)
-        return (microbatches - 1) * t_max + total + u_max, bounds, total, tuple(c[3] for c in cells), u_max
+        return (microbatches - 1) * t_max + total + u_max, bounds, total, t_max, u_max
 
     free = solve(INF, INF)
     if free is None:
         return None
-    best_step, best_bounds, sigma_min, best_r, _ = free
-    if (microbatches - 1) * sigma_min / p + sigma_min + tail[valid].min() >= cutoff:
-        return None  # max t >= sum t / p: no split can beat the cutoff
-    t_values = np.unique(t[valid])
-    u_values = np.unique(tail[valid])
-
-    # Cheap floors valid for every split: max t >= sum t / p, and the largest tail is at least
-    # the least tail some range at the worst position can have.
+    best_step, best_bounds, sigma_min, _, _ = free
     # Exact floors: the least bottleneck and the least largest tail any feasible split can have.
-    t_floor = least_bottleneck(np.where(valid, t, INF).min(axis=3))
-    u_floor = least_bottleneck(np.where(valid, tail, INF).min(axis=3))
+    t_floor = least_bottleneck(np.where(valid, t, INF))
+    u_floor = least_bottleneck(np.where(valid, tail, INF))
     if (microbatches - 1) * t_floor + sigma_min + u_floor >= cutoff:
         return None
+    t_values = np.unique(t[valid])
+    u_values = np.unique(tail[valid])
 
     def below(values, x):
         k = np.searchsorted(values, x) - 1
@@ -153,12 +134,11 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
         found = solve(T, U)
         if found is None:
             continue
-        step, bounds, total, counts, u_max = found
+        step, bounds, total, t_max, u_max = found
         if step < best_step:
-            best_step, best_bounds, best_r = step, bounds, counts
+            best_step, best_bounds = step, bounds
         if (microbatches - 1) * t_floor + total + u_floor >= min(best_step, cutoff):
             continue
-        t_max = max(t[i, lo, hi - lo - 1, c] for i, ((lo, hi), c) in enumerate(zip(bounds, counts)))
         u_next = below(u_values, u_max)
         if u_next is not None:
             stack.append((T, u_next))
@@ -167,5 +147,4 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
             stack.append((t_next, U))
     if best_step >= cutoff:
         return None
-    return Split(bounds=tuple(best_bounds), recompute_layers=tuple(best_r), step_s=float(best_step),
-                 programmes=solved, exhaustive=exhaustive)
+    return Split(bounds=tuple(best_bounds), step_s=float(best_step), programmes=solved, exhaustive=exhaustive)
