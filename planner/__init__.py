@@ -1,6 +1,6 @@
 """planner: auto-parallel planning for distributed deep-learning training.
 
-Public API: load_model, load_cluster, estimate.
+Public API: load_model, load_cluster, estimate, plan.
 """
 
 __version__ = "0.1.0"
@@ -19,3 +19,12 @@ def load_cluster(ref: str):
 def estimate(model, cluster, setup, strategy, **kwargs):
     from planner.cost.step import estimate as _estimate
     return _estimate(model, cluster, setup, strategy, **kwargs)
+
+
+def plan(model, cluster, gpus: int, global_batch: int, seq_len: int | None = None, precision: str = "bf16",
+         attention: str = "flash", runtime: str = "any", constraints: dict | None = None, **kwargs) -> dict:
+    """The planner.plan/v1 document of the best strategy (what `planner plan --json` prints)."""
+    from planner.planning import make_plan
+    return make_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len,
+                     precision=precision, attention=attention, runtime=runtime, constraints=constraints or {},
+                     **kwargs)

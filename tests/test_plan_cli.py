@@ -199,3 +199,12 @@ def test_plans_read_back_identically(plan_doc):
 
     path, stdout = plan_doc
     assert dumps(read_plan(path)) == stdout
+
+
+def test_library_plan_equals_the_command(plan_doc):
+    import planner
+    from planner.plan import dumps
+
+    doc = planner.plan(planner.load_model("llama3-8b"), planner.load_cluster("dgx-h100"), gpus=16, global_batch=64,
+                       seq_len=4096)
+    assert dumps(doc) == plan_doc[1]
