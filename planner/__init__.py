@@ -1,6 +1,7 @@
 """planner: auto-parallel planning for distributed deep-learning training.
 
-Public API: load_model, load_cluster, estimate, plan.
+Public API: load_model, load_cluster, estimate, make_plan (DESIGN.md's `plan`; that name is the
+planner.plan module, which importing it would shadow).
 """
 
 __version__ = "0.1.0"
@@ -21,10 +22,10 @@ def estimate(model, cluster, setup, strategy, **kwargs):
     return _estimate(model, cluster, setup, strategy, **kwargs)
 
 
-def plan(model, cluster, gpus: int, global_batch: int, seq_len: int | None = None, precision: str = "bf16",
+def make_plan(model, cluster, gpus: int, global_batch: int, seq_len: int | None = None, precision: str = "bf16",
          attention: str = "flash", runtime: str = "any", constraints: dict | None = None, **kwargs) -> dict:
     """The planner.plan/v1 document of the best strategy (what `planner plan --json` prints)."""
-    from planner.planning import make_plan
-    return make_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len,
+    from planner import planning
+    return planning.make_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len,
                      precision=precision, attention=attention, runtime=runtime, constraints=constraints or {},
                      **kwargs)

@@ -205,6 +205,6 @@ def test_library_plan_equals_the_command(plan_doc):
     import planner
     from planner.plan import dumps
 
-    doc = planner.plan(planner.load_model("llama3-8b"), planner.load_cluster("dgx-h100"), gpus=16, global_batch=64,
+    doc = planner.make_plan(planner.load_model("llama3-8b"), planner.load_cluster("dgx-h100"), gpus=16, global_batch=64,
                        seq_len=4096)
     assert dumps(doc) == plan_doc[1]
