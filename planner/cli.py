@@ -65,12 +65,11 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
              **knobs):
     """Price exactly the strategy given (unset knobs take documented defaults)."""
     from planner import report
-    from planner.cost.step import estimate as price
-    from planner.plan import build_plan, dumps, write_atomic
+    from planner.errors import SpecError
+    from planner.plan import dumps, write_atomic
+    from planner.planning import estimate_plan
     from planner.spec.hardware import load_cluster
     from planner.spec.model import load_model
-    from planner.errors import SpecError
-    from planner.spec.training import TrainingSetup, check_gpu_count, resolve_strategy
 
     model = load_model(model_ref)
     cluster = load_cluster(cluster_ref)
@@ -78,20 +77,9 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
         gpus = int(gpus)
     except ValueError:
         raise SpecError(f"--gpus {gpus!r}: estimate prices one GPU count (plan sweeps lists and ranges)") from None
-    check_gpu_count(gpus, cluster.gpus_per_node)
-    setup = TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len,
-                          precision=precision, attention=attention, runtime=runtime)
     constraints = {k: v for k, v in knobs.items() if v is not None}
-    strategy = resolve_strategy(constraints, setup)
-    est = price(model, cluster, setup, strategy)
-    notes = []
-    if not cluster.efficiency.source.startswith("fitted"):
-        notes.append(f"efficiencies of {cluster.name}: {cluster.efficiency.source}, not fitted to measured runs")
-    if not est.fits:
-        notes.append(f"does not fit: needs {est.peak_memory_bytes / 2**30:.1f} GiB per GPU, "
-                     f"{cluster.gpu.name} has {est.capacity_bytes / 2**30:.1f} GiB")
-    plan = build_plan(model, cluster, setup, strategy, est, constraints, {"name": "none", "time_limit_s": 0},
-                      notes=notes)
+    plan = estimate_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len,
+                         precision=precision, attention=attention, runtime=runtime, constraints=constraints)
     text = dumps(plan)
     if output:
         write_atomic(output, text)
@@ -117,10 +105,9 @@ def validate(runs_file, no_loso, with_plans, as_json):
 
     from planner import report
     from planner.plan import rounded
-    from planner.runs import load_runs
-    from planner.validate import summary, validate as run_validation
-
-    from planner.runs import CHECKS
+    from planner.runs import CHECKS, load_runs
+    from planner.validate import summary
+    from planner.validate import validate as run_validation
 
     runs = load_runs(runs_file)
     checks = [] if runs_file else load_runs(CHECKS)
@@ -232,7 +219,7 @@ def ranks(plan_file, as_json):
     import json
 
     from planner import report
-    from planner.plan import read_plan, rank_groups_of
+    from planner.plan import rank_groups_of, read_plan
 
     doc = read_plan(plan_file)
     groups = rank_groups_of(doc)

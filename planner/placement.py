@@ -54,14 +54,20 @@ def group_of_rank0(order: str, degrees: dict[str, int], dims: tuple[str, ...]) -
     return sorted(ranks)
 
 
+def _ep_stride(order: str, degrees: dict[str, int]) -> int:
+    """Stride of the expert group: the innermost ep ranks of the dp*cp block (Megatron's
+    expert order)."""
+    st = strides(order, degrees)
+    return min(st["dp"], st["cp"]) if degrees["cp"] > 1 else st["dp"]
+
+
 @lru_cache(maxsize=4096)
 def _span(order: str, degree_items: tuple, dims: tuple[str, ...], gpus_per_node: int,
           inner: int, size: int) -> Span:
     degrees = dict(degree_items)
     if dims == ("ep",):
-        st = strides(order, degrees)
-        base = min(st["dp"], st["cp"]) if degrees["cp"] > 1 else st["dp"]
-        ranks = [i * base * inner for i in range(size)]
+        stride = _ep_stride(order, degrees) * inner
+        ranks = [i * stride for i in range(size)]
     else:
         ranks = group_of_rank0(order, degrees, dims)
     nodes = len({r // gpus_per_node for r in ranks})
@@ -94,9 +100,8 @@ def rank_groups(order: str, degrees: dict[str, int], dim: str) -> list[list[int]
     st = strides(order, degrees)
     total = degrees["tp"] * degrees["cp"] * degrees["dp"] * degrees["pp"]
     if dim == "ep":
-        # the expert group: the innermost ep ranks of the dp*cp block (Megatron's expert order)
-        step = min(st["dp"], st["cp"]) if degrees["cp"] > 1 else st["dp"]
-        members = [i * step for i in range(degrees["ep"])]
+        stride = _ep_stride(order, degrees)
+        members = [i * stride for i in range(degrees["ep"])]
     else:
         members = [i * st[dim] for i in range(degrees[dim])]
     groups, seen = [], set()

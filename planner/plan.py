@@ -13,11 +13,12 @@ import tempfile
 from pathlib import Path
 
 from planner import __version__
+from planner.cost.memory import MEMORY_KEYS
 from planner.cost.step import StepEstimate
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup
-from planner.units import GIB, round_sig
+from planner.units import bytes_to_gib, round_sig
 
 SCHEMA = "planner.plan/v1"
 
@@ -33,13 +34,8 @@ def rounded(value):
     return value
 
 
-def _gib(n_bytes: float) -> float:
-    return n_bytes / GIB
-
-
 def memory_gib(mem) -> dict:
-    return {"weights": _gib(mem.weights), "grads": _gib(mem.grads), "optimizer": _gib(mem.optimizer),
-            "activations": _gib(mem.activations), "other": _gib(mem.other)}
+    return {k: bytes_to_gib(getattr(mem, k)) for k in MEMORY_KEYS}
 
 
 def inputs_block(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, constraints: dict,
@@ -58,8 +54,8 @@ def strategy_block(s: Strategy, setup: TrainingSetup) -> dict:
 def prediction_block(est: StepEstimate) -> dict:
     return {"step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
             "model_tflops_per_gpu": est.model_tflops_per_gpu, "mfu": est.mfu,
-            "peak_memory_gib": _gib(est.peak_memory_bytes), "fits": est.fits,
-            "capacity_gib": _gib(est.capacity_bytes),
+            "peak_memory_gib": bytes_to_gib(est.peak_memory_bytes), "fits": est.fits,
+            "capacity_gib": bytes_to_gib(est.capacity_bytes),
             "breakdown_s": dict(est.breakdown_s), "memory_gib": memory_gib(est.memory)}
 
 
@@ -67,11 +63,11 @@ def alternative_entry(s: Strategy, setup: TrainingSetup, step_time_s: float, pea
                       best_step_s: float, capacity_bytes: float) -> dict:
     """A runner-up with a one-line reason it lost."""
     if not fits:
-        why = f"does not fit by {_gib(peak_memory_bytes - capacity_bytes):.1f} GiB"
+        why = f"does not fit by {bytes_to_gib(peak_memory_bytes - capacity_bytes):.1f} GiB"
     else:
         why = f"slower by {(step_time_s / best_step_s - 1) * 100:.1f}%"
     return {"strategy": strategy_block(s, setup), "step_time_s": step_time_s,
-            "peak_memory_gib": _gib(peak_memory_bytes), "why_not": why}
+            "peak_memory_gib": bytes_to_gib(peak_memory_bytes), "why_not": why}
 
 
 def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy, est: StepEstimate,
@@ -81,7 +77,7 @@ def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Stra
     for st in est.stages:
         layers = [st.chunks[0][0], st.chunks[-1][1]] if st.chunks else [0, 0]
         stage = {"index": st.index, "layers": layers, "recompute_layers": st.recompute_layers,
-                 "memory_gib": _gib(st.memory.total), "time_per_microbatch_s": st.time_per_microbatch_s}
+                 "memory_gib": bytes_to_gib(st.memory.total), "time_per_microbatch_s": st.time_per_microbatch_s}
         if s.vpp > 1:
             stage["chunks"] = [list(c) for c in st.chunks]
         stages.append(stage)

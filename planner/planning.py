@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+from planner.cost.step import estimate
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan
 from planner.search import space
 from planner.search.driver import infeasible_message, search
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
-from planner.spec.training import TrainingSetup, check_gpu_count
+from planner.spec.training import TrainingSetup, check_gpu_count, resolve_strategy
+from planner.units import bytes_to_gib
+
+
+def _notes(cluster: Cluster, fits: bool = True, need_bytes: float = 0.0, proven_optimal: bool = True) -> list[str]:
+    """What a reader of the plan must know about how far to trust it."""
+    notes = []
+    if not cluster.efficiency.source.startswith("fitted"):
+        notes.append(f"efficiencies of {cluster.name}: {cluster.efficiency.source}, not fitted to measured runs")
+    if not fits:
+        notes.append(f"does not fit: needs {bytes_to_gib(need_bytes):.1f} GiB per GPU, {cluster.gpu.name} has "
+                     f"{bytes_to_gib(cluster.gpu.memory_bytes):.1f} GiB")
+    if not proven_optimal:
+        notes.append("a solver or DP iteration limit was hit: the plan is the best found, not proven optimal")
+    return notes
+
+
+def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int, precision: str,
+                  attention: str, runtime: str, constraints: dict) -> dict:
+    """The plan document of exactly the strategy given (unset knobs take their defaults)."""
+    check_gpu_count(gpus, cluster.gpus_per_node)
+    setup = TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len, precision=precision,
+                          attention=attention, runtime=runtime)
+    strategy = resolve_strategy(constraints, setup)
+    est = estimate(model, cluster, setup, strategy)
+    return build_plan(model, cluster, setup, strategy, est, constraints, {"name": "none", "time_limit_s": 0},
+                      notes=_notes(cluster, est.fits, est.peak_memory_bytes))
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int, precision: str,
@@ -34,11 +61,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
         c = result.closest
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
                                               best.step_time_s, cap))
-    notes = []
-    if not cluster.efficiency.source.startswith("fitted"):
-        notes.append(f"efficiencies of {cluster.name}: {cluster.efficiency.source}, not fitted to measured runs")
-    if not result.proven_optimal:
-        notes.append("a solver or DP iteration limit was hit: the plan is the best found, not proven optimal")
+    notes = _notes(cluster, proven_optimal=result.proven_optimal)
     return build_plan(model, cluster, setup, best.strategy, est, constraints,
                       {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives, notes=notes,
                       search=result.summary())

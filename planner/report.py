@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.table import Table
-
-import sys
 
 # A wide console when stderr is not a terminal (CI logs, pipes), so tables are not squeezed.
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
@@ -20,12 +20,8 @@ def estimate_table(plan: dict) -> None:
     tr = plan["inputs"]["training"]
     title = (f"{plan['inputs']['model']['name']} on {tr['gpus']} x {plan['inputs']['cluster']['gpu']['name']} "
              f"({plan['inputs']['cluster']['name']}), global batch {tr['global_batch']}, seq {tr['seq_len']}, {tr['precision']}")
-    knobs = (f"dp {st['dp']} tp {st['tp']} pp {st['pp']} cp {st['cp']} ep {st['ep']} vpp {st['vpp']} | "
-             f"micro-batch {st['micro_batch']} x {st['num_microbatches']} | zero {st['zero']} | recompute {st['recompute']}"
-             f"{' (' + str(st['recompute_layers']) + ' layers/stage)' if 'recompute_layers' in st else ''} | "
-             f"SP {'on' if st['sequence_parallel'] else 'off'} | {st['schedule']}")
     err.print(f"[bold]{title}[/bold]")
-    err.print(knobs)
+    err.print(_knobs(st))
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column(justify="right")
@@ -64,6 +60,7 @@ class progress:
 
     def __init__(self, label: str, delay_s: float = 0.0):
         import time
+
         from rich.progress import Progress
         self._progress = Progress(transient=True, console=err)
         self._label = label

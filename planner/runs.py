@@ -15,10 +15,15 @@ from pathlib import Path
 from planner.cost.step import StepEstimate, estimate
 from planner.errors import PlannerError, SpecError
 from planner.search.space import MAX_VPP
-from planner.spec.fields import Fields
+from planner.spec.fields import Fields, load_document
 from planner.spec.hardware import Cluster, Efficiency, load_cluster
 from planner.spec.model import ModelSpec
-from planner.spec.training import STRATEGY_KNOBS, Strategy, TrainingSetup, resolve_strategy
+from planner.spec.training import (
+    STRATEGY_KNOBS,
+    Strategy,
+    TrainingSetup,
+    resolve_strategy,
+)
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "calibration_runs.yaml"
 CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
@@ -46,13 +51,7 @@ class Run:
 
 def load_runs(path: Path | None = None) -> list[Run]:
     path = Path(path) if path else BUNDLED
-    try:
-        import yaml
-        items = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such runs file") from None
-    except Exception as e:  # yaml errors: one line
-        raise SpecError(f"{path}: malformed YAML: {str(e).splitlines()[0]}") from None
+    items = load_document(path)
     if not isinstance(items, list) or not items:
         raise SpecError(f"{path}: expected a non-empty list of runs")
     runs, clusters = [], {}

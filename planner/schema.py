@@ -4,6 +4,8 @@ exact key that is missing or wrong, without a jsonschema dependency."""
 
 from __future__ import annotations
 
+from planner.cost.memory import MEMORY_KEYS
+from planner.cost.step import BREAKDOWN_KEYS
 from planner.errors import PlanFormatError
 
 _NUM = {"type": "number"}
@@ -34,9 +36,8 @@ STAGE = _obj({"index": {"type": "integer", "minimum": 0}, "layers": _RANGE,
               "time_per_microbatch_s": _NUM},
              required=["index", "layers", "recompute_layers", "memory_gib", "time_per_microbatch_s"])
 
-BREAKDOWN = _obj({k: _NUM for k in ("compute", "recompute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
-                                    "dp_comm_exposed", "optimizer")})
-MEMORY = _obj({k: _NUM for k in ("weights", "grads", "optimizer", "activations", "other")})
+BREAKDOWN = _obj({k: _NUM for k in BREAKDOWN_KEYS})
+MEMORY = _obj({k: _NUM for k in MEMORY_KEYS})
 PREDICTION = _obj({"step_time_s": _NUM, "tokens_per_s": _NUM, "model_tflops_per_gpu": _NUM, "mfu": _NUM,
                    "peak_memory_gib": _NUM, "fits": _BOOL, "capacity_gib": _NUM, "breakdown_s": BREAKDOWN,
                    "memory_gib": MEMORY})

@@ -14,6 +14,7 @@ import numpy as np
 
 from planner.calibrate import fit
 from planner.runs import Priced, Run, price_run
+from planner.units import bytes_to_gib
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +65,12 @@ def _rows(priced) -> list[dict]:
         row = {"id": p.run.id, "source": p.run.source, "gpus": p.run.setup.gpus,
                "derived_step_time_s": p.run.step_time_s, "predicted_step_time_s": est.step_time_s,
                "error": p.error, "chosen": p.chosen, "fits": est.fits,
-               "peak_memory_gib": est.peak_memory_bytes / 2**30, "mfu": est.mfu,
+               "peak_memory_gib": bytes_to_gib(est.peak_memory_bytes), "mfu": est.mfu,
                "efficiency_source": p.run.cluster.efficiency.source.split(":")[0]}
         measured_mem = p.run.measured.get("memory_gib")
         if measured_mem:
             row["measured_memory_gib"] = measured_mem
-            row["memory_error"] = est.peak_memory_bytes / 2**30 / measured_mem - 1.0
+            row["memory_error"] = bytes_to_gib(est.peak_memory_bytes) / measured_mem - 1.0
         rows.append(row)
     return rows
 

@@ -25,6 +25,9 @@ FRAGMENTATION = 0.05
 """caching-allocator overhead on activations (fraction), an allowance, not a measurement"""
 
 
+MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "other")
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryBreakdown:
     weights: float

@@ -66,6 +66,12 @@ def pipeline_time_s(stage_times_s: list[float], microbatches: int, vpp: int) -> 
     return microbatches * worst + bubble, bubble
 
 
+def step_time_s(stage_times_s: list[float], tails_s: list[float], microbatches: int, vpp: int) -> float:
+    """The step: the pipeline (above) plus the largest end-of-step tail of a stage (its exposed
+    data-parallel reduction and optimizer step)."""
+    return pipeline_time_s(stage_times_s, microbatches, vpp)[0] + max(tails_s)
+
+
 def in_flight(stage, pp: int, microbatches: int, vpp: int):
     """Micro-batches of the whole stage whose activations stage `stage` (an int or an array of
     them) holds at its peak."""

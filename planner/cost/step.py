@@ -18,7 +18,14 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import comm, compute, memory, pipeline
-from planner.graph import Ctx, Layer, build_layers, embedding_work, head_work, layer_work
+from planner.graph import (
+    Ctx,
+    Layer,
+    build_layers,
+    embedding_work,
+    head_work,
+    layer_work,
+)
 from planner.placement import Span, span, tiers
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
@@ -338,10 +345,10 @@ def split_step(terms: dict, microbatches: int, vpp: int) -> tuple[float, float, 
     Step = m * max_i t_i + (sum_i t_i - max_i t_i) / v + max_i (exposed DP_i + optimizer_i)."""
     times = [float(x) for x in terms["t"]]
     tails = [float(x) for x in np.broadcast_to(terms["tail"], len(times))]
-    pipe_s, bubble_s = pipeline.pipeline_time_s(times, microbatches, vpp)
+    bubble_s = pipeline.pipeline_time_s(times, microbatches, vpp)[1]
     worst = max(range(len(times)), key=times.__getitem__)
     tail = max(range(len(tails)), key=tails.__getitem__)
-    return pipe_s + tails[tail], bubble_s, worst, tail
+    return pipeline.step_time_s(times, tails, microbatches, vpp), bubble_s, worst, tail
 
 
 def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy,

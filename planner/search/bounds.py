@@ -99,7 +99,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
         sigma = total + pp * prof.p2p_s * vs[None, :] + zfloor[:, None] + rec_floor
         bottleneck = sigma / pp
         for col, v in enumerate(vpps):
-            if pp == 1 or v > 1 or rules.uneven_split == "none":
+            if rules.fixed_split(pp, v):
                 # the even split is the only split: its largest stage is known before pricing
                 bottleneck[:, col] = np.maximum(bottleneck[:, col], even_split_max(prof, L, pp, v))
         pipe = (m - 1.0 / vs[None, :]) * bottleneck + sigma / vs[None, :]

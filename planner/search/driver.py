@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.pipeline import chunk_arrays, split_layers
+from planner.cost.pipeline import chunk_arrays, split_layers, step_time_s
 from planner.cost.step import (
     StepEstimate,
     estimate,
@@ -30,6 +30,7 @@ from planner.search import bounds, ilp, space, stages
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
+from planner.units import bytes_to_gib
 
 MAX_STAGE_FACTOR = 2
 """a stage holds at most MAX_STAGE_FACTOR * ceil(layers / pp) layers (part of the stated space)"""
@@ -77,14 +78,14 @@ class SearchResult:
 
 def infeasible_message(result: SearchResult, cluster: Cluster) -> str:
     """Why nothing fits, and what the closest candidate would need."""
-    cap = cluster.gpu.memory_bytes / 2**30
+    cap = bytes_to_gib(cluster.gpu.memory_bytes)
     if result.closest is not None:
         s = result.closest.strategy
-        need = result.closest.peak_memory_bytes / 2**30
+        need = bytes_to_gib(result.closest.peak_memory_bytes)
         what = (f"best candidate (dp {s.dp} tp {s.tp} pp {s.pp} cp {s.cp}, zero {s.zero}, recompute {s.recompute}) "
                 f"needs {need:.1f} GiB per GPU")
     else:
-        need = result.memory_floor_bytes / 2**30
+        need = bytes_to_gib(result.memory_floor_bytes)
         what = f"every candidate needs at least {need:.1f} GiB per GPU"
     hints = ["more GPUs"]
     if result.closest is None:
@@ -128,8 +129,8 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
             if refine:
                 # refine on first pop: the first and the last stage hold at least one layer each,
                 # so the largest tail is at least the least tail either can have
-                fixed_split = s.vpp > 1 or rules.uneven_split == "none"
-                tail = bounds.tail_floor(profile(model, cluster, setup, s), s.recompute == "full", fixed_split)
+                tail = bounds.tail_floor(profile(model, cluster, setup, s), s.recompute == "full",
+                                         rules.fixed_split(s.pp, s.vpp))
                 if pipe + tail > bound * (1 + 1e-12):
                     heapq.heappush(heap, (pipe + tail, order, knobs, v, zero, pipe, False))
                     continue
@@ -177,7 +178,7 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
     prof = profile(model, cluster, setup, s)
     cap = cluster.gpu.memory_bytes
     even = tuple(split_layers(model.layers, s.pp, s.vpp))
-    free_split = s.pp > 1 and s.vpp == 1 and rules.uneven_split == "any"
+    free_split = rules.free_split(s.pp, s.vpp)
     splits: list[tuple[tuple, tuple | None]] = []
     if free_split:
         found = _dp_split(prof, cap, best_s, tail_floor)
@@ -285,8 +286,7 @@ def _ends_split(prof, cap) -> stages.Split | None:
             cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
             if not all(ok[c] for c in cells):
                 continue
-            times = [t[c] for c in cells]
-            step = (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells)
+            step = step_time_s([t[c] for c in cells], [tail[c] for c in cells], m, 1)
             if best is None or step < best.step_s:
                 best = stages.Split(bounds=bounds, step_s=float(step), programmes=0, exhaustive=True)
     return best
@@ -328,10 +328,10 @@ def _recompute(prof, bounds, rules, cap, solver, time_limit_s, best_s: float) ->
     times = [o[r][0] for o, r in zip(options, least)]
     tails = [o[r][1] for o, r in zip(options, least)]
     m, v = prof.microbatches, s.vpp
-    step = (m - 1.0 / v) * max(times) + sum(times) / v + max(tails)
+    step = step_time_s(times, tails, m, v)
     top = max(range(len(options)), key=tails.__getitem__)
     stuck = min(x[1] for x in options[top].values()) >= tails[top]
-    floor = (m - 1.0 / v) * max(times) + sum(times) / v + max(min(x[1] for x in o.values()) for o in options)
+    floor = step_time_s(times, [min(x[1] for x in o.values()) for o in options], m, v)
     if (stuck or floor >= best_s) and (uniform is None or len(set(least)) == 1):
         return ilp.IlpResult(recompute_layers=least, objective=step, optimal=True, shortcut=True)
     return ilp.recompute_ilp(options, m, v, uniform=uniform, solver=solver, time_limit_s=time_limit_s)

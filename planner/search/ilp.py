@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pulp
 
+from planner.cost.pipeline import step_time_s
 from planner.errors import SolverError
 
 SOLVERS = ("highs", "cbc")
@@ -129,4 +130,4 @@ def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: i
 def _objective(options, chosen, microbatches: int, vpp: int) -> float:
     times = [options[i][r][0] for i, r in enumerate(chosen)]
     tails = [options[i][r][1] for i, r in enumerate(chosen)]
-    return (microbatches - 1.0 / vpp) * max(times) + sum(times) / vpp + max(tails)
+    return step_time_s(times, tails, microbatches, vpp)

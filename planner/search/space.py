@@ -49,6 +49,15 @@ class RuntimeRules:
     replicate_alone: bool = False
     """ZeRO-0 (plain replication) only when data parallelism is the only parallelism"""
 
+    def fixed_split(self, pp: int, vpp: int) -> bool:
+        """Whether the even split is the only split: one stage, interleaving (equal virtual
+        chunks), or a runtime that splits evenly."""
+        return pp == 1 or vpp > 1 or self.uneven_split == "none"
+
+    def free_split(self, pp: int, vpp: int) -> bool:
+        """Whether any contiguous split is allowed (the split DP's case)."""
+        return not self.fixed_split(pp, vpp) and self.uneven_split == "any"
+
 
 RUNTIME_RULES: dict[str, RuntimeRules] = {
     "any": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", False, True, True,

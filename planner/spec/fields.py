@@ -18,8 +18,8 @@ from planner.errors import SpecError
 _MISSING = object()
 
 
-def load_mapping(path: Path) -> dict:
-    """Parse a YAML or JSON file into a mapping, turning parse errors into one SpecError line."""
+def load_document(path: Path):
+    """Parse a YAML or JSON file, turning read and parse errors into one SpecError line."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -38,6 +38,12 @@ def load_mapping(path: Path) -> dict:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise SpecError(f"{path}: malformed YAML{where}: {problem}") from None
+    return data
+
+
+def load_mapping(path: Path) -> dict:
+    """A YAML or JSON file whose top level is a mapping."""
+    data = load_document(path)
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

@@ -97,9 +97,9 @@ def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
         problems.append(f"vpp ({s.vpp}) > 1 needs the interleaved-1f1b schedule")
     if s.vpp > 1 and s.pp == 1:
         problems.append(f"vpp ({s.vpp}) > 1 needs pp > 1")
-    if s.schedule == "interleaved-1f1b" and s.pp > 1 and setup.global_batch // max(1, s.dp * s.micro_batch) % s.pp:
-        problems.append(f"interleaved-1f1b needs num_microbatches ({setup.global_batch // max(1, s.dp * s.micro_batch)}) "
-                        f"to be a multiple of pp ({s.pp})")
+    m = s.num_microbatches(setup.global_batch)
+    if s.schedule == "interleaved-1f1b" and s.pp > 1 and m % s.pp:
+        problems.append(f"interleaved-1f1b needs num_microbatches ({m}) to be a multiple of pp ({s.pp})")
     if model.is_graph:
         if s.tp > 1 or s.cp > 1 or s.ep > 1:
             problems.append(f"an explicit-graph model ({model.name}) supports dp and pp only (tp={s.tp}, cp={s.cp}, ep={s.ep})")
