@@ -8,13 +8,28 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from planner.cost.pipeline import in_flight
 from planner.cost.step import estimate
+from planner.search.bounds import inverse_in_flight_sum
 from planner.search import space, stages
 from planner.search.driver import MAX_STAGE_FACTOR, search
 from planner.search.ilp import recompute_ilp
 from planner.spec.hardware import load_cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
+
+
+# --- the closed forms of the lower bounds ----------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(pp=st.integers(1, 40), m=st.integers(1, 64), v=st.integers(1, 8),
+       state=st.floats(0.0, 1e10), saved=st.floats(1e3, 1e10))
+def test_inverse_in_flight_sum_is_the_sum_over_stages(pp, m, v, state, saved):
+    """The digamma closed form equals summing 1 / (state + k_i saved) over cost/pipeline.in_flight."""
+    k = in_flight(np.arange(pp), pp, m, v)
+    direct = float(np.sum(1.0 / (state + k * saved)))
+    assert inverse_in_flight_sum(state, saved, pp, m, v) == pytest.approx(direct, rel=1e-10)
+    assert float(np.sum(1.0 / k)) == pytest.approx(inverse_in_flight_sum(0.0, 1.0, pp, m, v), rel=1e-10)
 
 
 # --- the stage-split DP against every composition ------------------------------------------

@@ -66,3 +66,11 @@ def p2p_time_s(message_bytes, inter_node: bool, cluster: Cluster):
     """One point-to-point send between neighbouring pipeline stages."""
     bw, lat = _tier_bandwidth(cluster, not inter_node, 2)
     return (message_bytes / bw + lat) * (message_bytes > 0)
+
+
+def affine_s(kind: str, span: Span, cluster: Cluster) -> tuple[float, float]:
+    """(seconds per byte, fixed seconds) such that collective_time_s(kind, M, span) equals
+    per_byte * M + fixed for every M > 0 (each formula above is affine in M): what prices one
+    collective over many message sizes at once."""
+    fixed = float(collective_time_s(kind, 1e-300, span, cluster))
+    return (float(collective_time_s(kind, 1e12, span, cluster)) - fixed) / 1e12, fixed

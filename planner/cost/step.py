@@ -175,32 +175,62 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
     g = min(cluster.gpus_per_node, setup.gpus)
     spans = {d: span(s.order, degrees, (d,), g) for d in ("tp", "cp", "ep", "pp", "edp")}
     spans["dpcp"] = span(s.order, degrees, ("cp", "dp"), g)
-    base = Ctx(micro_batch=s.micro_batch, seq_len=setup.seq_len, tp=s.tp, cp=s.cp, ep=s.ep,
-               sp=s.sequence_parallel, flash=setup.attention == "flash", dropout=model.dropout)
-    base_mode = "none" if s.recompute == "full" else s.recompute
-    prefix, ends, transient, prefetch = _layer_tables(model, cluster, setup.precision, base, base_mode,
-                                                      spans["tp"], spans["cp"], spans["ep"])
-    if s.pp == 1 and model.tied_embeddings and not model.is_graph:
-        # one stage: the embedding table serves as the head
-        ends = {**ends, "head_params": ends["head_params"] - model.vocab * model.hidden / s.tp}
-    p2p = 0.0
-    if s.pp > 1:
-        if model.is_graph:
-            msg = max(l.explicit[3] for l in _layers(model)) * s.micro_batch
-            p2p = 2 * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
-        else:
-            # Megatron's scatter/gather optimisation (Narayanan et al. 2021 §4.1): each tp rank
-            # sends 1/tp of the boundary activation and the receivers all-gather it over NVLink.
-            msg = setup.seq_len / s.cp * s.micro_batch * model.hidden * 2 / s.tp
-            p2p = 2 * s.vpp * comm.p2p_time_s(msg, spans["pp"].nodes > 1, cluster)
+    tables = context_tables(model, cluster, setup, s.tp, s.cp, s.ep, s.micro_batch, s.sequence_parallel,
+                            s.recompute, spans)
+    ends = tables.ends
+    if s.pp == 1:
+        ends = {**ends, "head_params": ends["head_params"] - tied_head_params(model, s.tp)}
+    p2p = p2p_s(model, cluster, setup, s.tp, s.cp, s.micro_batch, s.vpp, spans["pp"].nodes > 1) if s.pp > 1 else 0.0
     return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
                    microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision),
-                   prefix=prefix, ends=ends, p2p_s=p2p, transient_bytes=transient, prefetch_bytes=prefetch, spans=spans)
+                   prefix=tables.prefix, ends=ends, p2p_s=p2p, transient_bytes=tables.transient_bytes,
+                   prefetch_bytes=tables.prefetch_bytes, spans=spans)
+
+
+def tied_head_params(model: ModelSpec, tp: int) -> float:
+    """Parameters the LM head does not hold on its own when one stage holds the whole model and
+    the embedding table serves as the head (tied embeddings)."""
+    return model.vocab * model.hidden / tp if model.tied_embeddings and not model.is_graph else 0.0
+
+
+def p2p_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp: int, micro_batch: int, vpp: int,
+          inter_node: bool) -> float:
+    """Pipeline send/receive time of one stage per micro-batch: the boundary activation forward
+    and its gradient backward, once per virtual chunk. Megatron's scatter/gather optimisation
+    (Narayanan et al. 2021 §4.1): each tp rank sends 1/tp of the activation and the receivers
+    all-gather it over NVLink."""
+    if model.is_graph:
+        msg = max(l.explicit[3] for l in _layers(model)) * micro_batch
+    else:
+        msg = setup.seq_len / cp * micro_batch * model.hidden * 2 / tp
+    return 2 * vpp * comm.p2p_time_s(msg, inter_node, cluster)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTables:
+    """One layer context's prices: prefix sums over the chain (Profile.prefix), the embedding and
+    head terms, and the same rows per distinct layer kind, unsummed (`kinds`)."""
+
+    prefix: dict = field(hash=False)
+    ends: dict = field(hash=False)
+    kinds: dict = field(hash=False)
+    transient_bytes: float
+    prefetch_bytes: float
+
+
+def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp: int, ep: int,
+                   micro_batch: int, sequence_parallel: bool, recompute: str, spans: dict) -> LayerTables:
+    """The layer tables of a layer context: what every strategy with these tp, cp, ep,
+    micro-batch, sequence parallelism, recompute mode and tp/cp/ep group spans shares."""
+    base = Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
+               flash=setup.attention == "flash", dropout=model.dropout)
+    return _layer_tables(model, cluster, setup.precision, base, "none" if recompute == "full" else recompute,
+                         spans["tp"], spans["cp"], spans["ep"])
 
 
 @lru_cache(maxsize=4096)
 def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx, base_mode: str,
-                  tp_span: Span, cp_span: Span, ep_span: Span) -> tuple[dict, dict, float, float]:
+                  tp_span: Span, cp_span: Span, ep_span: Span) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order)."""
     gpu, eff = cluster.gpu, cluster.efficiency
@@ -219,7 +249,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
         "saved_b": [c.saved for c in base_costs], "saved_f": [c.saved for c in full_costs],
         "main_b": [c.saved_main for c in base_costs], "main_f": [c.saved_main for c in full_costs],
     }
-    prefix = {k: np.concatenate(([0.0], np.cumsum(np.asarray(v)[kind_index]))) for k, v in rows.items()}
+    kinds = {k: np.asarray(v) for k, v in rows.items()}
+    prefix = {k: np.concatenate(([0.0], np.cumsum(v[kind_index]))) for k, v in kinds.items()}
     emb, head = embedding_work(model, base), head_work(model, base)
 
     def t_mem(n_bytes):
@@ -236,7 +267,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
             "head_params": head.params_local, "head_saved": head.saved_bytes}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
-    return prefix, ends, transient, prefetch
+    return LayerTables(prefix=prefix, ends=ends, kinds=kinds, transient_bytes=transient, prefetch_bytes=prefetch)
 
 
 def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: bool = False) -> dict:

@@ -5,138 +5,288 @@ in the order of these bounds and stops once the next bound is no better than the
     step >= (m - 1/v) * max_i t_i + sum_i t_i / v + max_i tail_i,
     max_i t_i >= max(sum_i t_i / p, largest stage of the even split when the split is fixed),
 where sum_i t_i (all layers, the embedding, the head, every stage's p2p, the least recomputation
-that lets the model fit, the ZeRO-2/3 traffic that cannot hide) does not depend on the split.
+that lets the model fit, the ZeRO-2/3 traffic that cannot hide) does not depend on the split,
+and max_i tail_i >= the optimizer step of the stage holding the most parameters.
+
+Vectorised: the cost model prices each layer context (tp, cp, ep, micro-batch, recompute mode)
+once; every candidate (one row per outer choice, times its ZeRO stages and vpps) is then
+bounded by array arithmetic over those contexts, with no Python object per candidate.
 """
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
+from scipy.special import digamma
 
 from planner.cost import comm, compute, memory
-from planner.cost.pipeline import even_chunks
-from planner.cost.step import ADAM_BYTES_PER_PARAM, profile, stage_terms
+from planner.cost.pipeline import even_chunks, in_flight
+from planner.cost.step import (
+    ADAM_BYTES_PER_PARAM,
+    context_tables,
+    dp_grad_bytes,
+    p2p_s,
+    stage_terms,
+    tied_head_params,
+)
+from planner.placement import span
 from planner.search import space, stages
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
-from planner.spec.training import Strategy, TrainingSetup, strategy_problems
+from planner.spec.training import TrainingSetup
+
+SAFETY = 1e-9
+"""relative slack on every bound and floor: the closed forms round differently from the pricing"""
+ZEROS = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Every candidate that may fit, sorted by bound: candidate j is ZeRO stage zero[j] and vpp
+    vpp[j] of outer choice outer[row[j]] (a dict of the other knobs)."""
+
+    outer: list
+    row: np.ndarray
+    zero: np.ndarray
+    vpp: np.ndarray
+    bound_s: np.ndarray
+    pipe_s: np.ndarray
+    """the pipeline part of the bound (the rest is a floor of the largest tail)"""
+    considered: int
+    pruned_memory: int
+    least_floor_bytes: float
+    """least memory floor of the candidates pruned for memory (inf when none was)"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What the bounds need of one layer context, from the cost model's own layer prices."""
+
+    total_s: float
+    """per micro-batch: every layer's compute, base-mode recompute and tp/cp/ep time, plus the ends"""
+    comp_s: float
+    dense: float
+    expert: float
+    least_saved: float
+    kinds: tuple
+    """distinct (dense, expert) parameters of a layer"""
+    saved_b: float
+    saving: float
+    rec_cost_s: float
+    """least saved bytes and largest saving of a layer without recompute, least recompute time"""
+    per: np.ndarray
+    """prefix sums of a layer's stage time without ZeRO, recompute counts and p2p"""
+    first_s: float
+    last_s: float
+
+
+@lru_cache(maxsize=16384)
+def _context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp: int, ep: int, mb: int,
+             sp: bool, mode: str, spans: tuple) -> _Context:
+    tab = context_tables(model, cluster, setup, tp, cp, ep, mb, sp, mode, dict(zip(("tp", "cp", "ep"), spans)))
+    P, E, K, L = tab.prefix, tab.ends, tab.kinds, model.layers
+    per = P["comp"] + P["rec_b"] + P["tp"] + P["cp"] + P["ep"]
+    full = mode == "full"
+    saved = K["saved_f"] if full else K["saved_b"]
+    return _Context(
+        total_s=float(per[L] + E["emb_comp"] + E["emb_tp"] + E["head_comp"] + E["head_tp"]),
+        comp_s=float(P["comp"][L] + E["emb_comp"] + E["head_comp"]),
+        dense=float(P["params"][L] + E["emb_params"] + E["head_params"]), expert=float(P["expert"][L]),
+        least_saved=float(saved.min()), kinds=tuple(sorted(set(zip(K["params"].tolist(), K["expert"].tolist())))),
+        saved_b=float(K["saved_b"].min()), saving=float((K["saved_b"] - K["saved_f"]).max()),
+        rec_cost_s=float(K["rec_f"].min()), per=per, first_s=E["emb_comp"] + E["emb_tp"],
+        last_s=E["head_comp"] + E["head_tp"])
 
 
 def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict, rules: space.RuntimeRules,
-              progress=None) -> tuple[list, int, int, float]:
-    """A heap of (bound, order, knobs, vpp, zero, pipeline part, unrefined) for every outer choice
-    that may fit, the number of candidates considered, those pruned by the memory floor, and the
-    least floor among those."""
-    cap = cluster.gpu.memory_bytes
-    heap, considered, pruned_memory = [], 0, 0
-    least_floor = float("inf")
-    seen_spans: set = set()
-    for outer, knobs in enumerate(outer_choices(model, cluster, setup, fixed, rules)):
-        if progress and outer % 256 == 0:
-            progress(0, 0, f"bounding {considered:,} candidates")
-        m = setup.global_batch // (knobs["dp"] * knobs["micro_batch"])
-        vpps = space.vpp_options(model, knobs["pp"], m, fixed.get("vpp"), rules)
-        alone = knobs["tp"] == knobs["pp"] == knobs["cp"] == 1
-        zeros = [z for z in (rules.zero_with_pp if knobs["pp"] > 1 else rules.zero)
-                 if (fixed.get("zero") is None or z == fixed["zero"]) and (z or alone or not rules.replicate_alone)]
-        considered += len(vpps) * len(zeros)
-        if not vpps or not zeros:
-            continue
-        probe = Strategy(**knobs, zero=0, vpp=1)
-        if strategy_problems(probe, model, setup):
-            continue
-        prof = profile(model, cluster, setup, probe)
-        signature = (knobs["tp"], knobs["cp"], knobs["pp"], knobs["dp"], knobs["ep"], knobs["micro_batch"],
-                     knobs["recompute"], tuple(sorted(prof.spans.items())))
-        if signature in seen_spans:  # another rank order that places every group alike
-            continue
-        seen_spans.add(signature)
-        P, E, L = prof.prefix, prof.ends, model.layers
-        total = (P["comp"][L] + P["rec_b"][L] + P["tp"][L] + P["cp"][L] + P["ep"][L]
-                 + E["emb_comp"] + E["emb_tp"] + E["head_comp"] + E["head_tp"])
-        dense, expert = P["params"][L] + E["emb_params"] + E["head_params"], P["expert"][L]
-        full = knobs["recompute"] == "full"
-        saved_b, saved_f = np.diff(P["saved_b"]), np.diff(P["saved_f"])
-        least_saved = (saved_f if full else saved_b).min()
-        layer_params, layer_expert = np.diff(P["params"]), np.diff(P["expert"])
-        if full:
-            rec_args = (saved_b.min(), float((saved_b - saved_f).max()), float(np.diff(P["rec_f"]).min()))
-        pp, shards = knobs["pp"], knobs["dp"] * knobs["cp"]
-        eshards = max(1, shards // knobs["ep"])
-        # Memory floor of any split: stage i with n_i layers holds n_i * (state + k_i * saved), k_i
-        # its in-flight micro-batches; the continuous relaxation equalises the stages, so the peak
-        # is at least L / sum_i 1 / (state + k_i * saved) (per-layer minima of the model).
-        # every (ZeRO stage, vpp) of this layer context at once: arrays of shape (zeros, vpps)
-        zs, vs = np.array(zeros), np.array(vpps, dtype=float)
-        per_dense = np.array([sum(memory.state_bytes(1.0, z, shards)) for z in zeros])
-        per_expert = np.array([sum(memory.state_bytes(1.0, z, eshards)) for z in zeros])
-        least_state = (per_dense[:, None] * layer_params + per_expert[:, None] * layer_expert).min(axis=1)
-        k = np.stack([in_flight_all(pp, m, v) for v in vpps])  # (vpps, pp)
-        floor = (L / np.sum(1.0 / (least_state[:, None, None] + k[None] * least_saved), axis=2)
-                 + memory.RUNTIME_RESERVED_BYTES)
-        sharded = zs > 0
-        opt_floor = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / np.where(sharded, shards, 1) + expert
-                                                                    / np.where(sharded, eshards, 1)) / pp,
-                                          cluster.gpu.hbm_Bps, cluster.efficiency)
-        zfloor = np.zeros(len(zeros))
-        tail_floor = opt_floor.copy()
-        for j, zero in enumerate(zeros):
-            if zero >= 2:
-                # sum_i max(0, x_i) >= max(0, sum_i x_i): ZeRO-2/3 per-micro-batch traffic not hidden
-                traffic = zero_traffic(prof, zero, dense, expert)
-                zfloor[j] = max(0.0, traffic - cluster.efficiency.dp_overlap_fraction
-                                * (P["comp"][L] + E["emb_comp"] + E["head_comp"]))
-            if pp == 1:
-                # one stage: its tail is exact (most hidden when every layer recomputes)
-                one = replace(prof, strategy=replace(probe, zero=zero))
-                tail_floor[j] = float(stage_terms(one, 0, [(0, L)], L if full else 0)["tail"])
-        rec_floor = np.zeros_like(floor)
-        if full:
-            rec_floor = recompute_floor(least_state[:, None], *rec_args, L, k, cap)
-        sigma = total + pp * prof.p2p_s * vs[None, :] + zfloor[:, None] + rec_floor
-        bottleneck = sigma / pp
-        for col, v in enumerate(vpps):
-            if rules.fixed_split(pp, v):
-                # the even split is the only split: its largest stage is known before pricing
-                bottleneck[:, col] = np.maximum(bottleneck[:, col], even_split_max(prof, L, pp, v))
-        pipe = (m - 1.0 / vs[None, :]) * bottleneck + sigma / vs[None, :]
-        bound = pipe + tail_floor[:, None]
-        fits = floor <= cap
-        pruned_memory += int((~fits).sum())
-        if (~fits).any():
-            least_floor = min(least_floor, float(floor[~fits].min()))
-        for j, col in zip(*np.nonzero(fits)):
-            heapq.heappush(heap, (float(bound[j, col]), len(heap), knobs, vpps[col], zeros[j],
-                                  float(pipe[j, col]) if pp > 1 else None, True))
-    return heap, considered, pruned_memory, least_floor
-
-
-def outer_choices(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict, rules: space.RuntimeRules):
-    """Yield the outer choices without vpp and zero (they only change cheap terms of the bound)."""
+              progress=None) -> Bounds:
+    """Bound every candidate of the space (search/space.py) that honours `fixed`."""
+    g = min(cluster.gpus_per_node, setup.gpus)
+    contexts: dict = {}
+    layouts: dict = {}
+    p2ps: dict = {}
+    vpp_sets: dict = {}
+    zero_sets: dict = {}
+    outer, rows = [], []
+    considered = 0
+    modes = space.allowed(space.RECOMPUTES, fixed.get("recompute"))
+    orders = rules.orders if "order" not in fixed else (fixed["order"],)
     for tp, cp, pp, dp in space.degree_tuples(model, cluster, setup, fixed, rules):
+        if progress and len(outer) % 256 == 0:
+            progress(0, 0, f"bounding {considered:,} candidates")
+        sp = fixed.get("sequence_parallel", tp > 1)
+        mbs = space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch"))
+        alone = tp == pp == cp == 1
+        zkey = (pp > 1, alone)
+        if zkey not in zero_sets:
+            zero_sets[zkey] = tuple(z for z in (rules.zero_with_pp if pp > 1 else rules.zero)
+                                    if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
+        zeros = zero_sets[zkey]
         for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
-            for mb in space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch")):
-                for mode in space.allowed(space.RECOMPUTES, fixed.get("recompute")):
-                    for order in (rules.orders if "order" not in fixed else (fixed["order"],)):
-                        sp = fixed.get("sequence_parallel", tp > 1)
-                        yield dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=mb, recompute=mode,
-                                   order=order, sequence_parallel=sp, dp_overlap=fixed.get("dp_overlap", True))
+            degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
+            placed = set()
+            for order in orders:
+                spans = tuple(span(order, degrees, (d,), g) for d in ("tp", "cp", "ep", "pp", "edp")) + (
+                    span(order, degrees, ("cp", "dp"), g),)
+                duplicate = spans in placed  # another rank order that places every group alike
+                placed.add(spans)
+                lay = layouts.setdefault(spans[4:], len(layouts))
+                for mb in mbs:
+                    m = setup.global_batch // (dp * mb)
+                    if (pp, m) not in vpp_sets:
+                        vpp_sets[(pp, m)] = tuple(space.vpp_options(model, pp, m, fixed.get("vpp"), rules))
+                    vpps = vpp_sets[(pp, m)]
+                    considered += len(modes) * len(vpps) * len(zeros)
+                    if duplicate or not vpps or not zeros or (sp and tp == 1):
+                        continue
+                    inter = spans[3].nodes > 1
+                    if (tp, cp, mb, inter) not in p2ps:
+                        p2ps[(tp, cp, mb, inter)] = p2p_s(model, cluster, setup, tp, cp, mb, 1, inter)
+                    for mode in modes:
+                        key = (tp, cp, ep, mb, sp, mode, spans[:3])
+                        if key not in contexts:
+                            contexts[key] = len(contexts)
+                        outer.append(dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=mb, recompute=mode,
+                                          order=order, sequence_parallel=sp,
+                                          dp_overlap=fixed.get("dp_overlap", True)))
+                        rows.append((contexts[key], lay, pp, dp * cp, max(1, dp * cp // ep), m,
+                                     p2ps[(tp, cp, mb, inter)] if pp > 1 else 0.0,
+                                     tied_head_params(model, tp) if pp == 1 else 0.0, mode == "full",
+                                     _mask(zeros, ZEROS), vpps))
+    # the layer context depends on the setup's sequence, precision and attention only
+    shape = replace(setup, gpus=1, global_batch=1, runtime="any")
+    ctx = [_context(model, cluster, shape, *k) for k in contexts]
+    return _bound_rows(model, cluster, setup, rules, outer, rows, ctx, list(layouts), considered)
 
 
-def even_split_max(prof, layers: int, pp: int, v: int) -> float:
-    """The largest stage time of the even split without the terms that need ZeRO or recompute
-    counts (compute, attention recompute of 'selective', tp/cp/ep traffic, the embedding and the
-    head, p2p): a lower bound on its bottleneck."""
-    P, E = prof.prefix, prof.ends
-    per = P["comp"] + P["rec_b"] + P["tp"] + P["cp"] + P["ep"]
-    chunks, _ = even_chunks(layers, pp, v)
-    times = sum(per[b] - per[a] for a, b in chunks) + prof.p2p_s * v
-    times[0] += E["emb_comp"] + E["emb_tp"]
-    times[-1] += E["head_comp"] + E["head_tp"]
-    return float(times.max())
+def _mask(values, domain) -> int:
+    return sum(1 << domain.index(v) for v in values)
+
+
+def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, considered) -> Bounds:
+    """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring)."""
+    cap, L = cluster.gpu.memory_bytes, model.layers
+    eff = cluster.efficiency
+    vpp_domain = sorted({v for r in rows for v in r[10]})
+    if not rows:
+        return Bounds([], *(np.zeros(0, dtype=int),) * 3, *(np.zeros(0),) * 2, considered, 0, float("inf"))
+    c, lay, pp, shards, eshards, m, p2p, tied = (np.array([r[k] for r in rows]) for k in range(8))
+    full = np.array([r[8] for r in rows], dtype=bool)
+    zmask = (np.array([r[9] for r in rows])[:, None] >> np.arange(len(ZEROS))) & 1
+    vmask = np.array([[v in r[10] for v in vpp_domain] for r in rows], dtype=bool)
+    row, zi, vi = np.nonzero(zmask.astype(bool)[:, :, None] & vmask[:, None, :])
+    z, v = np.array(ZEROS)[zi], np.array(vpp_domain, dtype=float)[vi]
+    c, lay, pp, shards, eshards, m, p2p, tied, full = (x[row] for x in (c, lay, pp, shards, eshards, m, p2p, tied,
+                                                                        full))
+    dense, expert = _ctx_column(ctx, "dense")[c] - tied, _ctx_column(ctx, "expert")[c]
+
+    # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
+    # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
+    # L / sum_i 1 / (state + k_i * saved) (per-layer minima of the model)
+    per_dense, per_expert = np.zeros(len(z)), np.zeros(len(z))
+    for zero in ZEROS:
+        sel = z == zero
+        per_dense[sel] = sum(memory.state_bytes(1.0, zero, shards[sel]))
+        per_expert[sel] = sum(memory.state_bytes(1.0, zero, eshards[sel]))
+    kinds = np.array([list(x.kinds) + [x.kinds[0]] * (max(len(y.kinds) for y in ctx) - len(x.kinds)) for x in ctx])
+    least_state = np.min(per_dense[:, None] * kinds[c, :, 0] + per_expert[:, None] * kinds[c, :, 1], axis=1)
+    saved = _ctx_column(ctx, "least_saved")[c]
+    floor = L / inverse_in_flight_sum(least_state, saved, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
+    fits = floor * (1 - SAFETY) <= cap
+    pruned = int((~fits).sum())
+    least_floor = float(floor[~fits].min()) * (1 - SAFETY) if pruned else float("inf")
+    keep = np.nonzero(fits)[0]
+    row, z, v, c, lay, pp, shards, eshards, m, p2p, full, dense, expert, least_state = (
+        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, full, dense, expert, least_state))
+
+    # the largest tail is at least the optimizer step of the stage with the most parameters
+    sharded = z > 0
+    opt = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / np.where(sharded, shards, 1)
+                                                        + expert / np.where(sharded, eshards, 1)) / pp,
+                                cluster.gpu.hbm_Bps, eff)
+    # ZeRO-2/3 per-micro-batch traffic not hidden: sum_i max(0, x_i) >= max(0, sum_i x_i)
+    traffic = _zero_traffic(cluster, setup, layouts, lay, z, dense, expert)
+    zfloor = np.maximum(0.0, traffic - eff.dp_overlap_fraction * _ctx_column(ctx, "comp_s")[c])
+    rec = np.zeros(len(z))
+    if full.any():
+        f = np.nonzero(full)[0]
+        kmax = in_flight(0, pp[f], m[f], v[f])
+        inv_k = inverse_in_flight_sum(0.0, 1.0, pp[f], m[f], v[f])
+        rec[f] = recompute_floor(least_state[f], _ctx_column(ctx, "saved_b")[c[f]], _ctx_column(ctx, "saving")[c[f]],
+                                 _ctx_column(ctx, "rec_cost_s")[c[f]], L, kmax, inv_k, cap)
+    sigma = _ctx_column(ctx, "total_s")[c] + pp * p2p * v + zfloor + rec
+    bottleneck = sigma / pp
+    fixed = (pp == 1) | (v > 1) if rules.uneven_split != "none" else np.ones(len(z), dtype=bool)
+    if fixed.any():
+        f = np.nonzero(fixed)[0]
+        bottleneck[f] = np.maximum(bottleneck[f], even_split_max(ctx, c[f], pp[f], v[f], L) + p2p[f] * v[f])
+    pipe = ((m - 1.0 / v) * bottleneck + sigma / v) * (1 - SAFETY)
+    bound = pipe + opt * (1 - SAFETY)
+    order = np.argsort(bound, kind="stable")
+    return Bounds(outer=outer, row=row[order], zero=z[order], vpp=v[order].astype(int), bound_s=bound[order],
+                  pipe_s=pipe[order], considered=considered, pruned_memory=pruned, least_floor_bytes=least_floor)
+
+
+def _ctx_column(ctx: list, name: str) -> np.ndarray:
+    return np.array([getattr(x, name) for x in ctx])
+
+
+def _zero_traffic(cluster, setup, layouts, lay, z, dense, expert) -> np.ndarray:
+    """ZeRO-2/3 collectives of one micro-batch over all the model's parameters (stage_terms' z):
+    reduce-scatter of the gradients, and with ZeRO-3 two all-gathers of the weights, over the
+    dp*cp group (dense) and the expert data-parallel group (experts)."""
+    out = np.zeros(len(z))
+    if not (z >= 2).any():
+        return out
+    grad = dp_grad_bytes(setup.precision)
+    coef = np.array([[comm.affine_s(kind, group, cluster) for kind in ("reduce_scatter", "all_gather")
+                      for group in (dpcp, edp)] for edp, dpcp in layouts])  # (layouts, 4, 2)
+    a, b = coef[lay, :, 0], coef[lay, :, 1]
+
+    def coll(j, n_bytes):
+        return (a[:, j] * n_bytes + b[:, j]) * (n_bytes > 0)
+
+    out = coll(0, grad * dense) + coll(1, grad * expert)
+    gather = 2 * coll(2, memory.WEIGHT_BYTES * dense) + 2 * coll(3, memory.WEIGHT_BYTES * expert)
+    return np.where(z >= 2, out, 0.0) + np.where(z >= 3, gather, 0.0)
+
+
+def inverse_in_flight_sum(state, saved, pp, m, v):
+    """sum_i 1 / (state + k_i * saved) over the stages i of a pipeline, k_i the micro-batches in
+    flight on stage i (cost/pipeline.in_flight), in closed form: the k_i not capped by m form an
+    arithmetic progression c0 + c1*j (1F1B: 1, 2, ..; interleaved: ((v-1)p + 1 + 2j) / v), whose
+    sum of reciprocals is (digamma(x + n) - digamma(x)) / (saved * c1), x = (state/saved + c0)/c1;
+    the capped ones each add 1 / (state + m * saved). Arrays broadcast."""
+    state, saved = np.asarray(state, dtype=float), np.asarray(saved, dtype=float)
+    pp, m, v = (np.asarray(x, dtype=float) for x in (pp, m, v))
+    one = v == 1
+    c0 = np.where(one, 1.0, ((v - 1) * pp + 1) / v)
+    c1 = np.where(one, 1.0, 2.0 / v)
+    n = np.where(one, np.minimum(pp, m), np.clip(np.floor((m * v - (v - 1) * pp - 1) / 2) + 1, 0, pp))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = (state / saved + c0) / c1
+        progression = np.where(saved > 0, (digamma(x + n) - digamma(x)) / (saved * c1), n / state)
+        capped = (pp - n) / (state + m * saved)
+    return progression + capped
+
+
+def even_split_max(ctx: list, c: np.ndarray, pp: np.ndarray, v: np.ndarray, layers: int) -> np.ndarray:
+    """The largest stage time of the even split of context c[j] into pp[j] x v[j] chunks, without
+    the terms that need ZeRO, recompute counts or p2p (compute, attention recompute of
+    'selective', tp/cp/ep traffic, the embedding and the head): a lower bound on its bottleneck."""
+    out = np.zeros(len(c))
+    for p, vv in sorted(set(zip(pp.tolist(), v.tolist()))):
+        sel = np.nonzero((pp == p) & (v == vv))[0]
+        used, back = np.unique(c[sel], return_inverse=True)
+        per = np.stack([ctx[k].per for k in used])
+        chunks, _ = even_chunks(layers, int(p), int(vv))
+        times = sum(per[:, b] - per[:, a] for a, b in chunks)
+        times[:, 0] += _ctx_column(ctx, "first_s")[used]
+        times[:, -1] += _ctx_column(ctx, "last_s")[used]
+        out[sel] = times.max(axis=1)[back]
+    return out
 
 
 def tail_floor(prof, full: bool, fixed_split: bool) -> float:
@@ -156,35 +306,16 @@ def tail_floor(prof, full: bool, fixed_split: bool) -> float:
     return float(max(np.min(first), np.min(last)))
 
 
-def zero_traffic(prof, zero: int, dense: float, expert: float) -> float:
-    """ZeRO-2/3 collectives of one micro-batch over all the model's parameters (stage_terms' z)."""
-    def coll(kind, n_bytes, group):
-        return comm.collective_time_s(kind, n_bytes, prof.spans[group], prof.cluster)
-    total = coll("reduce_scatter", prof.grad_bytes * dense, "dpcp") + coll("reduce_scatter", prof.grad_bytes * expert, "edp")
-    if zero >= 3:
-        total += 2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp") + 2 * coll("all_gather", memory.WEIGHT_BYTES * expert, "edp")
-    return total
-
-
-def recompute_floor(state, saved: float, saving: float, cost: float, layers: int, k: np.ndarray,
-                     cap: float):
+def recompute_floor(state, saved: float, saving: float, cost: float, layers: int, k_max, inv_k_sum, cap: float):
     """Least recomputation time any split needs to fit. Stage i with n_i layers, k_i micro-batches
     in flight and r_i recomputed layers fits only if n_i (state + k_i saved) - k_i r_i saving +
     reserve <= cap, so r_i >= (n_i (state / k_i + saved) - (cap - reserve) / k_i) / saving; summed
     over the stages with k_i <= max k: sum r_i >= (L (state / max k + saved) - (cap - reserve)
-    sum 1/k_i) / saving. Per-layer minima (maximum saving) keep it a lower bound. `k` holds the
-    in-flight counts per stage (last axis), `state` broadcasts against its other axes."""
-    if saving <= 0:
-        return 0.0 * state * k[..., 0]
-    need = (layers * (state / k.max(axis=-1) + saved)
-            - (cap - memory.RUNTIME_RESERVED_BYTES) * np.sum(1.0 / k, axis=-1)) / saving
-    return np.clip(need, 0.0, layers) * cost
-
-
-@lru_cache(maxsize=4096)
-def in_flight_all(pp: int, m: int, v: int) -> np.ndarray:
-    from planner.cost.pipeline import in_flight
-    return in_flight(np.arange(pp), pp, m, v)
+    sum 1/k_i) / saving. Per-layer minima (maximum saving) keep it a lower bound. Arrays
+    broadcast (`k_max` = max_i k_i, `inv_k_sum` = sum_i 1/k_i)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        need = (layers * (state / k_max + saved) - (cap - memory.RUNTIME_RESERVED_BYTES) * inv_k_sum) / saving
+    return np.where(saving > 0, np.clip(need, 0.0, layers) * cost, 0.0)
 
 
 def split_floor(prof, width: int) -> float:

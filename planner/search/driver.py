@@ -105,36 +105,38 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     start = time.perf_counter()
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     rules = space.RUNTIME_RULES[setup.runtime]
-    heap, considered, pruned_memory, least_floor = bounds.bound_all(model, cluster, setup, fixed, rules, progress)
+    found_bounds = bounds.bound_all(model, cluster, setup, fixed, rules, progress)
+    total = len(found_bounds.bound_s)
     if progress:
-        progress(0, len(heap), "pricing")
+        progress(0, total, "pricing")
 
     best: Candidate | None = None
     closest: Candidate | None = None
     pool: list[Candidate] = []
     priced = programmes = ilp_solves = 0
     optimal = True
-    pruned_bound = 0
-    while heap:
-        bound, order, knobs, v, zero, pipe, refine = heapq.heappop(heap)
+    pruned_bound = unrefined = 0
+    refine_heap: list = []
+    for j, bound, refined in _in_bound_order(found_bounds.bound_s, refine_heap):
+        unrefined += not refined
         if best is not None and bound >= best.step_time_s:
-            pruned_bound = len(heap) + 1
+            pruned_bound = total - unrefined + len(refine_heap) + 1
             break
+        knobs, v, zero = found_bounds.outer[found_bounds.row[j]], int(found_bounds.vpp[j]), int(found_bounds.zero[j])
         s = Strategy(**knobs, zero=zero, vpp=v, schedule="interleaved-1f1b" if v > 1 else "1f1b",
                      recompute_layers=fixed.get("recompute_layers"))
         if strategy_problems(s, model, setup):
             continue
-        tail = 0.0
-        if pipe is not None:
-            if refine:
-                # refine on first pop: the first and the last stage hold at least one layer each,
-                # so the largest tail is at least the least tail either can have
-                tail = bounds.tail_floor(profile(model, cluster, setup, s), s.recompute == "full",
-                                         rules.fixed_split(s.pp, s.vpp))
-                if pipe + tail > bound * (1 + 1e-12):
-                    heapq.heappush(heap, (pipe + tail, order, knobs, v, zero, pipe, False))
-                    continue
-            tail = max(tail, bound - pipe)  # the bound's own tail part is a floor too
+        pipe = float(found_bounds.pipe_s[j])
+        if not refined:
+            # refine on first pop: the first and the last stage hold at least one layer each,
+            # so the largest tail is at least the least tail either can have
+            tail = bounds.tail_floor(profile(model, cluster, setup, s), s.recompute == "full",
+                                     rules.fixed_split(s.pp, s.vpp))
+            if pipe + tail > bound * (1 + 1e-12):
+                heapq.heappush(refine_heap, (pipe + tail, j))
+                continue
+        tail = max(0.0, bound - pipe)  # the bound's own tail part is a floor too
         found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
                               best.step_time_s if best is not None else float("inf"), tail)
         priced += 1
@@ -149,7 +151,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
             elif closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
                 closest = cand
         if progress and priced % 16 == 0:
-            progress(priced, priced + len(heap), "pricing")
+            progress(priced, priced + total - unrefined + len(refine_heap), "pricing")
     pool.sort(key=lambda c: (c.step_time_s, _key(c.strategy)))
     seen, alternatives = {_key(best.strategy)} if best else set(), []
     for cand in pool:
@@ -158,11 +160,25 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
         if _key(cand.strategy) not in seen:
             seen.add(_key(cand.strategy))
             alternatives.append(cand)
-    return SearchResult(best=best, alternatives=tuple(alternatives), closest=closest, considered=considered,
-                        pruned_memory=pruned_memory, pruned_bound=pruned_bound, priced=priced,
+    return SearchResult(best=best, alternatives=tuple(alternatives), closest=closest,
+                        considered=found_bounds.considered, pruned_memory=found_bounds.pruned_memory, pruned_bound=pruned_bound, priced=priced,
                         programmes=programmes, ilp_solves=ilp_solves, proven_optimal=optimal,
                         elapsed_s=time.perf_counter() - start,
-                        memory_floor_bytes=least_floor if np.isfinite(least_floor) else 0.0)
+                        memory_floor_bytes=(found_bounds.least_floor_bytes
+                                            if np.isfinite(found_bounds.least_floor_bytes) else 0.0))
+
+
+def _in_bound_order(sorted_bounds: np.ndarray, refined: list):
+    """Yield (candidate, bound, refined?) in bound order: the sorted candidates merged with the
+    heap of refined ones (which the caller pushes (new bound, candidate) onto)."""
+    i = 0
+    while i < len(sorted_bounds) or refined:
+        if refined and (i >= len(sorted_bounds) or refined[0][0] <= sorted_bounds[i]):
+            bound, j = heapq.heappop(refined)
+            yield j, bound, True
+        else:
+            yield i, float(sorted_bounds[i]), False
+            i += 1
 
 
 def _key(s: Strategy) -> tuple:
