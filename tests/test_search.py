@@ -12,7 +12,7 @@ from planner.cost.pipeline import in_flight
 from planner.cost.step import estimate
 from planner.search.bounds import inverse_in_flight_sum
 from planner.search import space, stages
-from planner.search.driver import MAX_STAGE_FACTOR, search
+from planner.search.driver import search
 from planner.search.ilp import recompute_ilp
 from planner.spec.hardware import load_cluster
 from planner.spec.model import ModelSpec
@@ -130,7 +130,7 @@ def _splits(layers, pp, vpp):
     if vpp > 1 or pp == 1:
         yield split_layers(layers, pp, vpp)
         return
-    width = min(layers, MAX_STAGE_FACTOR * -(-layers // pp))
+    width = space.stage_width(layers, pp)
     for sizes in _compositions(layers, pp, width):
         cuts = [0, *itertools.accumulate(sizes)]
         yield list(zip(cuts[:-1], cuts[1:]))

@@ -303,38 +303,15 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     def coll(kind, n_bytes, group):
         return comm.collective_time_s(kind, n_bytes, prof.spans[group], cluster)
 
-    # ZeRO-2 reduce-scatters every micro-batch's gradients; ZeRO-3 also gathers the weights for
-    # forward and backward. Hidden behind that micro-batch's compute where possible.
     z = 0.0
     if s.zero >= 2:
-        per_mb = coll("reduce_scatter", prof.grad_bytes * dense, "dpcp")
-        per_mb = per_mb + coll("reduce_scatter", prof.grad_bytes * sums["expert"], "edp")
-        if s.zero >= 3:
-            per_mb = per_mb + 2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp")
-            per_mb = per_mb + 2 * coll("all_gather", memory.WEIGHT_BYTES * sums["expert"], "edp")
+        per_mb = zero_traffic_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"])
         z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
     t = comp + sums["rec"] + tp + sums["cp"] + sums["ep"] + prof.p2p_s + z
-
-    # End of step: the data-parallel gradient reduction (ZeRO 0/1), the parameter all-gather after
-    # the distributed optimizer (ZeRO 1/2), then the optimizer step. Stage i finishes its last
-    # backward i micro-batch backwards after the last stage, so that much more is hidden.
-    grad = gather = 0.0
-    if s.zero <= 1:
-        kind = "all_reduce" if s.zero == 0 else "reduce_scatter"
-        grad = coll(kind, prof.grad_bytes * dense, "dpcp") + coll(kind, prof.grad_bytes * sums["expert"], "edp")
-    if 1 <= s.zero <= 2:
-        gather = (coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp")
-                  + coll("all_gather", memory.WEIGHT_BYTES * sums["expert"], "edp"))
-    if s.dp_overlap:
-        bwd = sums["bwd"] + sums["rec"]  # recomputation runs inside backward and hides traffic too
-        exposed = (np.maximum(0.0, grad - (eff.dp_overlap_fraction + i) * bwd)
-                   + np.maximum(0.0, gather - eff.dp_overlap_fraction * sums["fwd"]))
-    else:
-        exposed = grad + gather
-    shards = s.dp * s.cp if s.zero >= 1 else 1
-    eshards = max(1, s.dp * s.cp // s.ep) if s.zero >= 1 else 1
-    opt = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / shards + sums["expert"] / eshards),
-                                cluster.gpu.hbm_Bps, eff)
+    shards, eshards = s.dp * s.cp, max(1, s.dp * s.cp // s.ep)
+    # recomputation runs inside backward and hides traffic too
+    exposed, opt = stage_tail_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
+                                sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster)
 
     inflight = pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp)
     if paper_accounting:
@@ -354,6 +331,47 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
             "optimizer": opt, "tail": exposed + opt, "weights": weights, "grads": grads, "optim": optim,
             "activations": acts, "other": other, "memory": weights + grads + optim + acts + other,
             "recompute_layers": sums["n_rec"]}
+
+
+def zero_traffic_s(coll, zero, grad_bytes: int, dense, expert):
+    """ZeRO-2/3 collectives of one micro-batch over a stage's parameters: ZeRO-2 reduce-scatters
+    every micro-batch's gradients, ZeRO-3 also gathers the weights for forward and backward;
+    over the dp*cp group for dense parameters and the expert data-parallel group for experts.
+    coll(kind, bytes, 'dpcp' | 'edp') prices one collective; zero and the sizes may be arrays."""
+    out = coll("reduce_scatter", grad_bytes * dense, "dpcp") + coll("reduce_scatter", grad_bytes * expert, "edp")
+    gather = 2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp") + 2 * coll("all_gather", memory.WEIGHT_BYTES
+                                                                                     * expert, "edp")
+    return np.where(np.greater_equal(zero, 2), out, 0.0) + np.where(np.greater_equal(zero, 3), gather, 0.0)
+
+
+def stage_tail_s(coll, zero, grad_bytes: int, dense, expert, fwd_s, bwd_s, stage, dp_overlap: bool, shards,
+                 eshards, cluster: Cluster):
+    """(exposed data-parallel time, optimizer time) a stage adds after the pipeline drains: the
+    gradient reduction (all-reduce with ZeRO-0, reduce-scatter with ZeRO-1), the parameter
+    all-gather after the distributed optimizer (ZeRO-1/2), then the optimizer step over the
+    stage's shard. Stage i finishes its last backward i micro-batches after the last stage, so
+    the reduction hides behind (dp_overlap_fraction + i) of its backward (`bwd_s`, with its
+    recomputation) and the gather behind a fraction of the forward. coll as in zero_traffic_s;
+    every argument may be an array."""
+    eff = cluster.efficiency
+
+    def both(kind, n_bytes):
+        return coll(kind, n_bytes * dense, "dpcp") + coll(kind, n_bytes * expert, "edp")
+
+    grad = np.where(np.equal(zero, 0), both("all_reduce", grad_bytes),
+                    np.where(np.equal(zero, 1), both("reduce_scatter", grad_bytes), 0.0))
+    gather = np.where((np.greater_equal(zero, 1)) & np.less_equal(zero, 2), both("all_gather", memory.WEIGHT_BYTES),
+                      0.0)
+    if dp_overlap:
+        exposed = (np.maximum(0.0, grad - (eff.dp_overlap_fraction + stage) * bwd_s)
+                   + np.maximum(0.0, gather - eff.dp_overlap_fraction * fwd_s))
+    else:
+        exposed = grad + gather
+    sharded = np.greater_equal(zero, 1)
+    opt = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / np.where(sharded, shards, 1)
+                                                        + expert / np.where(sharded, eshards, 1)),
+                                cluster.gpu.hbm_Bps, eff)
+    return exposed, opt
 
 
 def split_terms(prof: Profile, bounds, recompute_layers=None) -> dict:

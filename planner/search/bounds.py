@@ -28,8 +28,9 @@ from planner.cost.step import (
     context_tables,
     dp_grad_bytes,
     p2p_s,
-    stage_terms,
+    stage_tail_s,
     tied_head_params,
+    zero_traffic_s,
 )
 from planner.placement import span
 from planner.search import space, stages
@@ -58,6 +59,14 @@ class Bounds:
     pruned_memory: int
     least_floor_bytes: float
     """least memory floor of the candidates pruned for memory (inf when none was)"""
+    tails: _Tails | None = None
+
+    def refined_s(self, idx: np.ndarray) -> np.ndarray:
+        """Tighter bounds of candidates idx: the pipeline part plus the least largest tail
+        (_Tails.floor_s), never below the first bound."""
+        if self.tails is None:
+            return self.bound_s[idx]
+        return np.maximum(self.bound_s[idx], self.pipe_s[idx] + self.tails.floor_s(idx) * (1 - SAFETY))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +85,9 @@ class _Context:
     saving: float
     rec_cost_s: float
     """least saved bytes and largest saving of a layer without recompute, least recompute time"""
+    prefix: dict
+    """the context's prefix sums (cost/step.LayerTables)"""
+    ends: dict
     per: np.ndarray
     """prefix sums of a layer's stage time without ZeRO, recompute counts and p2p"""
     first_s: float
@@ -96,7 +108,7 @@ def _context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, 
         dense=float(P["params"][L] + E["emb_params"] + E["head_params"]), expert=float(P["expert"][L]),
         least_saved=float(saved.min()), kinds=tuple(sorted(set(zip(K["params"].tolist(), K["expert"].tolist())))),
         saved_b=float(K["saved_b"].min()), saving=float((K["saved_b"] - K["saved_f"]).max()),
-        rec_cost_s=float(K["rec_f"].min()), per=per, first_s=E["emb_comp"] + E["emb_tp"],
+        rec_cost_s=float(K["rec_f"].min()), prefix=P, ends=E, per=per, first_s=E["emb_comp"] + E["emb_tp"],
         last_s=E["head_comp"] + E["head_tp"])
 
 
@@ -158,14 +170,15 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     # the layer context depends on the setup's sequence, precision and attention only
     shape = replace(setup, gpus=1, global_batch=1, runtime="any")
     ctx = [_context(model, cluster, shape, *k) for k in contexts]
-    return _bound_rows(model, cluster, setup, rules, outer, rows, ctx, list(layouts), considered)
+    return _bound_rows(model, cluster, setup, rules, outer, rows, ctx, list(layouts), considered,
+                       fixed.get("dp_overlap", True))
 
 
 def _mask(values, domain) -> int:
     return sum(1 << domain.index(v) for v in values)
 
 
-def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, considered) -> Bounds:
+def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, considered, dp_overlap) -> Bounds:
     """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring)."""
     cap, L = cluster.gpu.memory_bytes, model.layers
     eff = cluster.efficiency
@@ -190,7 +203,8 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
         sel = z == zero
         per_dense[sel] = sum(memory.state_bytes(1.0, zero, shards[sel]))
         per_expert[sel] = sum(memory.state_bytes(1.0, zero, eshards[sel]))
-    kinds = np.array([list(x.kinds) + [x.kinds[0]] * (max(len(y.kinds) for y in ctx) - len(x.kinds)) for x in ctx])
+    width = max(len(x.kinds) for x in ctx)
+    kinds = np.array([list(x.kinds) + [x.kinds[0]] * (width - len(x.kinds)) for x in ctx])
     least_state = np.min(per_dense[:, None] * kinds[c, :, 0] + per_expert[:, None] * kinds[c, :, 1], axis=1)
     saved = _ctx_column(ctx, "least_saved")[c]
     floor = L / inverse_in_flight_sum(least_state, saved, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
@@ -198,8 +212,8 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
     pruned = int((~fits).sum())
     least_floor = float(floor[~fits].min()) * (1 - SAFETY) if pruned else float("inf")
     keep = np.nonzero(fits)[0]
-    row, z, v, c, lay, pp, shards, eshards, m, p2p, full, dense, expert, least_state = (
-        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, full, dense, expert, least_state))
+    row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state = (
+        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state))
 
     # the largest tail is at least the optimizer step of the stage with the most parameters
     sharded = z > 0
@@ -207,7 +221,9 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
                                                         + expert / np.where(sharded, eshards, 1)) / pp,
                                 cluster.gpu.hbm_Bps, eff)
     # ZeRO-2/3 per-micro-batch traffic not hidden: sum_i max(0, x_i) >= max(0, sum_i x_i)
-    traffic = _zero_traffic(cluster, setup, layouts, lay, z, dense, expert)
+    coef = np.array([[[comm.affine_s(kind, group, cluster) for group in (dpcp, edp)] for kind in _KINDS]
+                     for edp, dpcp in layouts]).reshape(len(layouts), len(_KINDS), 2, 2)
+    traffic = zero_traffic_s(_affine(coef, lay), z, dp_grad_bytes(setup.precision), dense, expert)
     zfloor = np.maximum(0.0, traffic - eff.dp_overlap_fraction * _ctx_column(ctx, "comp_s")[c])
     rec = np.zeros(len(z))
     if full.any():
@@ -225,32 +241,93 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
     pipe = ((m - 1.0 / v) * bottleneck + sigma / v) * (1 - SAFETY)
     bound = pipe + opt * (1 - SAFETY)
     order = np.argsort(bound, kind="stable")
+    tails = _Tails(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
+                   **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), zero=z, shards=shards,
+                                                   eshards=eshards, tied=tied, full=full, fixed=fixed).items()})
     return Bounds(outer=outer, row=row[order], zero=z[order], vpp=v[order].astype(int), bound_s=bound[order],
-                  pipe_s=pipe[order], considered=considered, pruned_memory=pruned, least_floor_bytes=least_floor)
+                  pipe_s=pipe[order], considered=considered, pruned_memory=pruned, least_floor_bytes=least_floor,
+                  tails=tails)
+
+
+_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def _ctx_column(ctx: list, name: str) -> np.ndarray:
     return np.array([getattr(x, name) for x in ctx])
 
 
-def _zero_traffic(cluster, setup, layouts, lay, z, dense, expert) -> np.ndarray:
-    """ZeRO-2/3 collectives of one micro-batch over all the model's parameters (stage_terms' z):
-    reduce-scatter of the gradients, and with ZeRO-3 two all-gathers of the weights, over the
-    dp*cp group (dense) and the expert data-parallel group (experts)."""
-    out = np.zeros(len(z))
-    if not (z >= 2).any():
+def _affine(coef: np.ndarray, lay: np.ndarray):
+    """coll(kind, bytes, group) of cost/step's shared formulas for candidates on layouts `lay`,
+    from each collective's affine coefficients (comm.affine_s); bytes shaped (candidates, ...)."""
+    def coll(kind, n_bytes, group):
+        n_bytes = np.asarray(n_bytes)
+        k = coef[lay, _KINDS.index(kind), 0 if group == "dpcp" else 1]
+        extra = (1,) * (n_bytes.ndim - 1)
+        return (k[:, 0].reshape(-1, *extra) * n_bytes + k[:, 1].reshape(-1, *extra)) * (n_bytes > 0)
+    return coll
+
+
+@dataclass(frozen=True, slots=True)
+class _Tails:
+    """What a tail floor needs of every candidate (in bound order) and of the search."""
+
+    model: ModelSpec
+    cluster: Cluster
+    setup: TrainingSetup
+    ctx: list
+    coef: np.ndarray
+    dp_overlap: bool
+    c: np.ndarray
+    lay: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    zero: np.ndarray
+    shards: np.ndarray
+    eshards: np.ndarray
+    tied: np.ndarray
+    full: np.ndarray
+    fixed: np.ndarray
+
+    def floor_s(self, idx: np.ndarray) -> np.ndarray:
+        """Per candidate, the least largest tail any split and recompute count can have: the
+        first stage holds [0, n) and the last [L-n, L) for some n the space allows (with a fixed
+        split, their known layers), so the largest tail is at least the least tail either can
+        have, each computed with all its layers recomputed under 'full' (the most backward to
+        hide the reduction behind; the optimizer step does not depend on it)."""
+        out = np.zeros(len(idx))
+        pp, vpp, fixed = self.pp[idx], self.vpp[idx], self.fixed[idx]
+        L = self.model.layers
+        for p, v, fx in sorted(set(zip(pp.tolist(), vpp.tolist(), fixed.tolist()))):
+            sel = np.nonzero((pp == p) & (vpp == v) & (fixed == fx))[0]
+            if fx:
+                chunks, _ = even_chunks(L, p, v)
+                first = [(a[:1], b[:1]) for a, b in chunks]
+                last = [(a[-1:], b[-1:]) for a, b in chunks]
+            else:
+                n = np.arange(1, min(space.stage_width(L, p), L - p + 1) + 1)
+                first, last = [(0 * n, n)], [(L - n, L + 0 * n)]
+            out[sel] = np.maximum(self._least_tail(idx[sel], 0, p, first), self._least_tail(idx[sel], p - 1, p, last))
         return out
-    grad = dp_grad_bytes(setup.precision)
-    coef = np.array([[comm.affine_s(kind, group, cluster) for kind in ("reduce_scatter", "all_gather")
-                      for group in (dpcp, edp)] for edp, dpcp in layouts])  # (layouts, 4, 2)
-    a, b = coef[lay, :, 0], coef[lay, :, 1]
 
-    def coll(j, n_bytes):
-        return (a[:, j] * n_bytes + b[:, j]) * (n_bytes > 0)
+    def _least_tail(self, j: np.ndarray, stage: int, pp: int, chunks: list) -> np.ndarray:
+        """Least tail over the options (last axis) of stage `stage` holding `chunks`."""
+        used, back = np.unique(self.c[j], return_inverse=True)
 
-    out = coll(0, grad * dense) + coll(1, grad * expert)
-    gather = 2 * coll(2, memory.WEIGHT_BYTES * dense) + 2 * coll(3, memory.WEIGHT_BYTES * expert)
-    return np.where(z >= 2, out, 0.0) + np.where(z >= 3, gather, 0.0)
+        def total(key):
+            prefix = np.stack([self.ctx[k].prefix[key] for k in used])[back]
+            return sum(prefix[:, b] - prefix[:, a] for a, b in chunks)
+
+        ends = [self.ctx[k].ends for k in used]
+        emb = np.array([e["emb_params"] for e in ends])[back] * (stage == 0)
+        head = np.array([e["head_params"] for e in ends])[back] * (stage == pp - 1)
+        dense = total("params") + (emb + head - self.tied[j])[:, None]
+        rec = np.where(self.full[j][:, None], total("rec_f"), total("rec_b"))
+        col = (slice(None), None)
+        exposed, opt = stage_tail_s(_affine(self.coef, self.lay[j]), self.zero[j][col],
+                                    dp_grad_bytes(self.setup.precision), dense, total("expert"), total("fwd"),
+                                    total("bwd") + rec, stage, self.dp_overlap, self.shards[j][col],
+                                    self.eshards[j][col], self.cluster)
+        return np.min(exposed + opt, axis=1)
 
 
 def inverse_in_flight_sum(state, saved, pp, m, v):
@@ -287,23 +364,6 @@ def even_split_max(ctx: list, c: np.ndarray, pp: np.ndarray, v: np.ndarray, laye
         times[:, -1] += _ctx_column(ctx, "last_s")[used]
         out[sel] = times.max(axis=1)[back]
     return out
-
-
-def tail_floor(prof, full: bool, fixed_split: bool) -> float:
-    """Least tail the first or the last stage can have (most hidden: every layer recomputed).
-    With a fixed (even) split their layers are known; otherwise over every one-layer range (a
-    tail grows with more layers' gradients and shrinks with more backward to hide behind, which
-    a single layer bounds per layer; the optimizer share is proportional)."""
-    s, L = prof.strategy, prof.model.layers
-    if fixed_split:
-        ends = np.array([0, s.pp - 1])
-        chunks, sizes = even_chunks(L, s.pp, s.vpp)
-        chunks = [(a[ends], b[ends]) for a, b in chunks]
-        return float(np.max(stage_terms(prof, ends, chunks, sizes[ends] if full else 0)["tail"]))
-    a = np.arange(L)
-    first = stage_terms(prof, 0, [(a, a + 1)], 1 if full else 0)["tail"]
-    last = stage_terms(prof, s.pp - 1, [(a, a + 1)], 1 if full else 0)["tail"]
-    return float(max(np.min(first), np.min(last)))
 
 
 def recompute_floor(state, saved: float, saving: float, cost: float, layers: int, k_max, inv_k_sum, cap: float):

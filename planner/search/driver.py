@@ -32,10 +32,6 @@ from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
 from planner.units import bytes_to_gib
 
-MAX_STAGE_FACTOR = 2
-"""a stage holds at most MAX_STAGE_FACTOR * ceil(layers / pp) layers (part of the stated space)"""
-
-
 @dataclass(frozen=True, slots=True)
 class Candidate:
     strategy: Strategy
@@ -115,28 +111,18 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     pool: list[Candidate] = []
     priced = programmes = ilp_solves = 0
     optimal = True
-    pruned_bound = unrefined = 0
-    refine_heap: list = []
-    for j, bound, refined in _in_bound_order(found_bounds.bound_s, refine_heap):
-        unrefined += not refined
+    pruned_bound = 0
+    queue = _BoundOrder(found_bounds)
+    for j, bound in queue:
         if best is not None and bound >= best.step_time_s:
-            pruned_bound = total - unrefined + len(refine_heap) + 1
+            pruned_bound = queue.remaining + 1
             break
         knobs, v, zero = found_bounds.outer[found_bounds.row[j]], int(found_bounds.vpp[j]), int(found_bounds.zero[j])
         s = Strategy(**knobs, zero=zero, vpp=v, schedule="interleaved-1f1b" if v > 1 else "1f1b",
                      recompute_layers=fixed.get("recompute_layers"))
         if strategy_problems(s, model, setup):
             continue
-        pipe = float(found_bounds.pipe_s[j])
-        if not refined:
-            # refine on first pop: the first and the last stage hold at least one layer each,
-            # so the largest tail is at least the least tail either can have
-            tail = bounds.tail_floor(profile(model, cluster, setup, s), s.recompute == "full",
-                                     rules.fixed_split(s.pp, s.vpp))
-            if pipe + tail > bound * (1 + 1e-12):
-                heapq.heappush(refine_heap, (pipe + tail, j))
-                continue
-        tail = max(0.0, bound - pipe)  # the bound's own tail part is a floor too
+        tail = max(0.0, bound - float(found_bounds.pipe_s[j]))  # the bound's tail part is a floor of the tail
         found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
                               best.step_time_s if best is not None else float("inf"), tail)
         priced += 1
@@ -151,7 +137,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
             elif closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
                 closest = cand
         if progress and priced % 16 == 0:
-            progress(priced, priced + total - unrefined + len(refine_heap), "pricing")
+            progress(priced, priced + queue.remaining, "pricing")
     pool.sort(key=lambda c: (c.step_time_s, _key(c.strategy)))
     seen, alternatives = {_key(best.strategy)} if best else set(), []
     for cand in pool:
@@ -168,17 +154,33 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                                             if np.isfinite(found_bounds.least_floor_bytes) else 0.0))
 
 
-def _in_bound_order(sorted_bounds: np.ndarray, refined: list):
-    """Yield (candidate, bound, refined?) in bound order: the sorted candidates merged with the
-    heap of refined ones (which the caller pushes (new bound, candidate) onto)."""
-    i = 0
-    while i < len(sorted_bounds) or refined:
-        if refined and (i >= len(sorted_bounds) or refined[0][0] <= sorted_bounds[i]):
-            bound, j = heapq.heappop(refined)
-            yield j, bound, True
-        else:
-            yield i, float(sorted_bounds[i]), False
-            i += 1
+class _BoundOrder:
+    """Candidates in the order of their refined bounds: the first bounds are sorted; the next
+    batch of them is refined (Bounds.refined_s, vectorised) into a heap only when the heap's
+    least refined bound is no longer below the next first bound, so the refinement costs in
+    proportion to how far the search gets. Yields (candidate, refined bound)."""
+
+    FIRST_BATCH = 32
+
+    def __init__(self, found: bounds.Bounds):
+        self.found, self.next, self.heap, self.batch = found, 0, [], self.FIRST_BATCH
+
+    @property
+    def remaining(self) -> int:
+        return len(self.found.bound_s) - self.next + len(self.heap)
+
+    def __iter__(self):
+        first = self.found.bound_s
+        while self.next < len(first) or self.heap:
+            if self.heap and (self.next >= len(first) or self.heap[0][0] <= first[self.next]):
+                bound, j = heapq.heappop(self.heap)
+                yield j, bound
+                continue
+            idx = np.arange(self.next, min(len(first), self.next + self.batch))
+            for j, bound in zip(idx.tolist(), self.found.refined_s(idx).tolist()):
+                heapq.heappush(self.heap, (bound, j))
+            self.next += len(idx)
+            self.batch *= 2
 
 
 def _key(s: Strategy) -> tuple:
@@ -275,7 +277,7 @@ def _dp_split(prof, cap, cutoff: float = float("inf"), tail_floor: float = 0.0) 
     """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`);
     `tail_floor` is a known lower bound of every split's largest tail."""
     s, L = prof.strategy, prof.model.layers
-    width = min(L, MAX_STAGE_FACTOR * -(-L // s.pp))
+    width = space.stage_width(L, s.pp)
     if bounds.split_floor(prof, width) + tail_floor >= cutoff:
         return None
     t, tail, ok = _tables(prof, width)
@@ -287,7 +289,7 @@ def _ends_split(prof, cap) -> stages.Split | None:
     recomputation of every layer when the mode is 'full'; the ILP then picks the count)."""
     s, L = prof.strategy, prof.model.layers
     p = s.pp
-    width = min(L, MAX_STAGE_FACTOR * -(-L // p))
+    width = space.stage_width(L, p)
     t, tail, ok = _tables(prof, width)
     m = prof.microbatches
     best = None

@@ -4,7 +4,8 @@ What the search enumerates (and so what "best" is relative to):
 - tp: divides heads, tp and kv_heads divide one another, tp <= GPUs per node (a tp group
   across nodes is never competitive: every layer would all-reduce over the NICs);
 - cp: divides the sequence, each rank keeps at least MIN_CP_TOKENS tokens;
-- pp: at most the layers; dp = GPUs / (tp*cp*pp), and dp divides the global batch;
+- pp: at most the layers; dp = GPUs / (tp*cp*pp), and dp divides the global batch; a stage
+  holds at most MAX_STAGE_FACTOR * ceil(layers / pp) layers;
 - ep (MoE only): divides experts and dp*cp;
 - micro_batch: divides global_batch / dp;
 - vpp: 1, or 2..MAX_VPP with pp*vpp <= layers and the micro-batches a multiple of pp;
@@ -27,6 +28,13 @@ from planner.spec.training import TrainingSetup
 MIN_CP_TOKENS = 512
 MAX_VPP = 8
 RECOMPUTES = ("none", "selective", "full")
+MAX_STAGE_FACTOR = 2
+"""a stage holds at most MAX_STAGE_FACTOR * ceil(layers / pp) layers (part of the stated space)"""
+
+
+def stage_width(layers: int, pp: int) -> int:
+    """The most layers one pipeline stage may hold."""
+    return min(layers, MAX_STAGE_FACTOR * -(-layers // pp))
 
 
 @dataclass(frozen=True, slots=True)
