@@ -320,17 +320,27 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
                                  memory.OPTIMIZER_BYTES * gemm_w)
         acts, other = inflight * sums["main"], 0.0 * gemm_w
     else:
-        wd, gd, od = memory.state_bytes(dense, s.zero, s.dp * s.cp)
-        we, ge, oe = memory.state_bytes(sums["expert"], s.zero, max(1, s.dp * s.cp // s.ep))
-        weights, grads, optim = wd + we, gd + ge, od + oe
-        transient = prof.transient_bytes * (sums["n_rec"] > 0)
-        acts = inflight * saved + last * E["head_saved"] + transient
-        other = memory.other_bytes(acts, prof.prefetch_bytes if s.zero >= 3 else 0.0)
+        weights, grads, optim, acts, other = stage_memory(
+            s.zero, dense, sums["expert"], shards, eshards, inflight, saved, last * E["head_saved"],
+            prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes)
     return {"t": t, "compute": comp, "recompute": sums["rec"], "tp_comm": tp, "cp_comm": sums["cp"],
             "ep_comm": sums["ep"], "pp_comm": prof.p2p_s + 0.0 * comp, "z": z, "dp_exposed": exposed,
             "optimizer": opt, "tail": exposed + opt, "weights": weights, "grads": grads, "optim": optim,
             "activations": acts, "other": other, "memory": weights + grads + optim + acts + other,
             "recompute_layers": sums["n_rec"]}
+
+
+def stage_memory(zero: int, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,
+                 prefetch_bytes) -> tuple:
+    """(weights, grads, optimizer, activations, other) bytes of a stage: the states of its dense
+    parameters sharded over the dp*cp group and of its experts over the expert data-parallel
+    group (ZeRO), the activations of its in-flight micro-batches (`saved` per micro-batch) plus
+    the head's and a recomputed layer's rebuild buffer, and what the runtime adds (with ZeRO-3's
+    prefetched layers). Arrays broadcast."""
+    wd, gd, od = memory.state_bytes(dense, zero, shards)
+    we, ge, oe = memory.state_bytes(expert, zero, eshards)
+    acts = in_flight * saved + head_saved + transient
+    return wd + we, gd + ge, od + oe, acts, memory.other_bytes(acts, prefetch_bytes if zero >= 3 else 0.0)
 
 
 def zero_traffic_s(coll, zero, grad_bytes: int, dense, expert):

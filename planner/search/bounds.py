@@ -28,6 +28,7 @@ from planner.cost.step import (
     context_tables,
     dp_grad_bytes,
     p2p_s,
+    stage_memory,
     stage_tail_s,
     tied_head_params,
     zero_traffic_s,
@@ -63,10 +64,12 @@ class Bounds:
 
     def refined_s(self, idx: np.ndarray) -> np.ndarray:
         """Tighter bounds of candidates idx: the pipeline part plus the least largest tail
-        (_Tails.floor_s), never below the first bound."""
+        (_Tails.floor_s), never below the first bound; infinite when the candidate's split is
+        fixed and one of its stages cannot fit (_Tails.fits)."""
         if self.tails is None:
             return self.bound_s[idx]
-        return np.maximum(self.bound_s[idx], self.pipe_s[idx] + self.tails.floor_s(idx) * (1 - SAFETY))
+        tail, fits = self.tails.floor_s(idx), self.tails.fits(idx)
+        return np.where(fits, np.maximum(self.bound_s[idx], self.pipe_s[idx] + tail * (1 - SAFETY)), np.inf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,8 @@ class _Context:
     prefix: dict
     """the context's prefix sums (cost/step.LayerTables)"""
     ends: dict
+    transient_bytes: float
+    prefetch_bytes: float
     per: np.ndarray
     """prefix sums of a layer's stage time without ZeRO, recompute counts and p2p"""
     first_s: float
@@ -108,7 +113,8 @@ def _context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, 
         dense=float(P["params"][L] + E["emb_params"] + E["head_params"]), expert=float(P["expert"][L]),
         least_saved=float(saved.min()), kinds=tuple(sorted(set(zip(K["params"].tolist(), K["expert"].tolist())))),
         saved_b=float(K["saved_b"].min()), saving=float((K["saved_b"] - K["saved_f"]).max()),
-        rec_cost_s=float(K["rec_f"].min()), prefix=P, ends=E, per=per, first_s=E["emb_comp"] + E["emb_tp"],
+        rec_cost_s=float(K["rec_f"].min()), prefix=P, ends=E, transient_bytes=tab.transient_bytes,
+        prefetch_bytes=tab.prefetch_bytes, per=per, first_s=E["emb_comp"] + E["emb_tp"],
         last_s=E["head_comp"] + E["head_tp"])
 
 
@@ -242,7 +248,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
     bound = pipe + opt * (1 - SAFETY)
     order = np.argsort(bound, kind="stable")
     tails = _Tails(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
-                   **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), zero=z, shards=shards,
+                   **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
                                                    eshards=eshards, tied=tied, full=full, fixed=fixed).items()})
     return Bounds(outer=outer, row=row[order], zero=z[order], vpp=v[order].astype(int), bound_s=bound[order],
                   pipe_s=pipe[order], considered=considered, pruned_memory=pruned, least_floor_bytes=least_floor,
@@ -281,6 +287,7 @@ class _Tails:
     lay: np.ndarray
     pp: np.ndarray
     vpp: np.ndarray
+    m: np.ndarray
     zero: np.ndarray
     shards: np.ndarray
     eshards: np.ndarray
@@ -307,20 +314,81 @@ class _Tails:
                 n = np.arange(1, min(space.stage_width(L, p), L - p + 1) + 1)
                 first, last = [(0 * n, n)], [(L - n, L + 0 * n)]
             out[sel] = np.maximum(self._least_tail(idx[sel], 0, p, first), self._least_tail(idx[sel], p - 1, p, last))
+            if not fx and p > 1:
+                out[sel] = np.maximum(out[sel], self._largest_stage_tail(idx[sel], p))
         return out
 
-    def _least_tail(self, j: np.ndarray, stage: int, pp: int, chunks: list) -> np.ndarray:
-        """Least tail over the options (last axis) of stage `stage` holding `chunks`."""
+    def _largest_stage_tail(self, j: np.ndarray, p: int) -> np.ndarray:
+        """Some stage holds at least n = ceil(L/p) layers, so the largest tail is at least the
+        least tail of a range of n..width layers: at the first stage ([0, ...)), the last
+        ([..., L)) or a middle one; a middle stage's tail only falls with its index (more
+        micro-batches to hide behind), so stage p-2 stands for them all."""
+        L = self.model.layers
+        n = -(-L // p)
+        lengths = np.arange(n, min(space.stage_width(L, p), L - p + 1) + 1)
+        least = np.minimum(self._least_tail(j, 0, p, [(0 * lengths, lengths)]),
+                           self._least_tail(j, p - 1, p, [(L - lengths, L + 0 * lengths)]))
+        if p >= 3:
+            a, size = np.meshgrid(np.arange(1, L), lengths, indexing="ij")
+            keep = a + size <= L - 1
+            least = np.minimum(least, self._least_tail(j, p - 2, p, [(a[keep], (a + size)[keep])]))
+        return least
+
+    def fits(self, idx: np.ndarray) -> np.ndarray:
+        """Per candidate, False when its split is fixed (the even split) and some stage exceeds
+        the GPU's memory even at its least: no recomputation, or (recompute 'full') all its
+        layers recomputed, whichever holds less."""
+        out = np.ones(len(idx), dtype=bool)
+        cap, L = self.cluster.gpu.memory_bytes, self.model.layers
+        pp, vpp, fixed = self.pp[idx], self.vpp[idx], self.fixed[idx]
+        for p, v in sorted(set(zip(pp[fixed].tolist(), vpp[fixed].tolist()))):
+            sel = np.nonzero(fixed & (pp == p) & (vpp == v))[0]
+            j = idx[sel]
+            chunks, _ = even_chunks(L, p, v)
+            total, end = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
+            stage = np.arange(p)[None, :]
+            first, last = stage == 0, stage == p - 1
+            dense = total("params") + first * end("emb_params") + last * (end("head_params") - self.tied[j][:, None])
+            inflight = in_flight(stage, p, self.m[j][:, None], v)
+            head = last * end("head_saved")
+            transient = np.array([self.ctx[k].transient_bytes for k in self.c[j]])[:, None]
+            prefetch = np.array([self.ctx[k].prefetch_bytes for k in self.c[j]])[:, None]
+            least = np.full((len(j), p), np.inf)
+            for zero in ZEROS:
+                zs = self.zero[j] == zero
+                if not zs.any():
+                    continue
+                col = (zs, slice(None))
+                args = (zero, dense[col], total("expert")[col], self.shards[j][zs][:, None],
+                        self.eshards[j][zs][:, None], inflight[col])
+                kept = sum(stage_memory(*args, total("saved_b")[col] + first * end("emb_saved")[col], head[col],
+                                        0.0, prefetch[col]))
+                rebuilt = sum(stage_memory(*args, total("saved_f")[col] + first * end("emb_saved")[col], head[col],
+                                           transient[col], prefetch[col]))
+                least[zs] = np.where(self.full[j][zs][:, None], np.minimum(kept, rebuilt), kept)
+            out[sel] = np.all(least * (1 - SAFETY) <= cap, axis=1)
+        return out
+
+    def _sums(self, j: np.ndarray, chunks: list):
+        """total(key): the prefix sums of candidates j's contexts summed over `chunks`
+        [(a, b), ...] (arrays broadcasting to (candidates, options)); end(key): an end term."""
         used, back = np.unique(self.c[j], return_inverse=True)
 
         def total(key):
             prefix = np.stack([self.ctx[k].prefix[key] for k in used])[back]
-            return sum(prefix[:, b] - prefix[:, a] for a, b in chunks)
+            rows = np.arange(len(j))[:, None]
+            return sum(prefix[rows, b] - prefix[rows, a] for a, b in chunks)
 
-        ends = [self.ctx[k].ends for k in used]
-        emb = np.array([e["emb_params"] for e in ends])[back] * (stage == 0)
-        head = np.array([e["head_params"] for e in ends])[back] * (stage == pp - 1)
-        dense = total("params") + (emb + head - self.tied[j])[:, None]
+        def end(key):
+            return np.array([self.ctx[k].ends[key] for k in used])[back][:, None]
+
+        return total, end
+
+    def _least_tail(self, j: np.ndarray, stage: int, pp: int, chunks: list) -> np.ndarray:
+        """Least tail over the options (last axis) of stage `stage` holding `chunks`."""
+        total, end = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
+        dense = (total("params") + end("emb_params") * (stage == 0)
+                 + (end("head_params") - self.tied[j][:, None]) * (stage == pp - 1))
         rec = np.where(self.full[j][:, None], total("rec_f"), total("rec_b"))
         col = (slice(None), None)
         exposed, opt = stage_tail_s(_affine(self.coef, self.lay[j]), self.zero[j][col],

@@ -13,7 +13,9 @@ For fixed thresholds (T, U) the best split minimises sum_i t_i over ranges with 
 tail <= U: a shortest path, best[i][b] = min_n best[i-1][b-n] + t[i, b-n, n-1] (Alpa, Zheng et
 al. 2022, §5.2, enumerates the bottleneck the same way). The thresholds walk down the Pareto
 front of (max t, max tail, sum t) from (inf, inf), pruning every branch whose least possible
-step, (m - 1) * (least feasible T) + sum t + (least feasible U), cannot beat the best found. The
+step, (m - 1) * (least feasible T) + sum t + (least feasible U), cannot beat the best found, and
+clamping both thresholds to the window where a split could still beat it: T <= (best - least
+sum t - least U) / (m - 1) and U <= best - (m - 1) * (least T) - least sum t. The
 result is the exact optimum over all contiguous splits whose stages hold at most N layers,
 unless the iteration limit stops it first (then `exhaustive` is False and the plan says it is
 not proven optimal).
@@ -113,9 +115,10 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     t_values = np.unique(t[valid])
     u_values = np.unique(tail[valid])
 
-    def below(values, x):
-        k = np.searchsorted(values, x) - 1
-        return values[k] if k >= 0 else None
+    def below(values, x, strict=True):
+        """The largest value < x (<= x when not strict), or None."""
+        k = np.searchsorted(values, x, side="left" if strict else "right") - 1
+        return float(values[k]) if k >= 0 else None
 
     # Walk the Pareto front of (max t, max tail, sum t) downwards from (inf, inf): a node's
     # programme returns the least sum t under its thresholds; a better split must have a smaller
@@ -125,6 +128,15 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     stack, seen = [(INF, INF)], set()
     while stack:
         T, U = stack.pop()
+        # a split beating the best has (m - 1) * max t + sum t + max tail < best with sum t >=
+        # sigma_min, max t >= t_floor and max tail >= u_floor: clamp the thresholds to that window
+        limit = min(best_step, cutoff)
+        t_max = below(t_values, (limit - sigma_min - u_floor) / (microbatches - 1), strict=False) \
+            if microbatches > 1 else INF
+        u_max = below(u_values, limit - (microbatches - 1) * t_floor - sigma_min, strict=False)
+        if t_max is None or u_max is None:
+            continue
+        T, U = min(T, t_max), min(U, u_max)
         if (T, U) in seen:
             continue
         seen.add((T, U))
