@@ -61,15 +61,16 @@ class Bounds:
     least_floor_bytes: float
     """least memory floor of the candidates pruned for memory (inf when none was)"""
     tails: _Tails | None = None
+    """None only when there is no candidate"""
 
-    def refined_s(self, idx: np.ndarray) -> np.ndarray:
-        """Tighter bounds of candidates idx: the pipeline part plus the least largest tail
+    def refined_s(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tighter bounds of candidates idx and a floor of their largest tail: the pipeline part
+        (with the free split's integrality, _Tails.pipe_floor_s) plus the least largest tail
         (_Tails.floor_s), never below the first bound; infinite when the candidate's split is
         fixed and one of its stages cannot fit (_Tails.fits)."""
-        if self.tails is None:
-            return self.bound_s[idx]
-        tail, fits = self.tails.floor_s(idx), self.tails.fits(idx)
-        return np.where(fits, np.maximum(self.bound_s[idx], self.pipe_s[idx] + tail * (1 - SAFETY)), np.inf)
+        tail = np.maximum(self.bound_s[idx] - self.pipe_s[idx], self.tails.floor_s(idx) * (1 - SAFETY))
+        bound = np.maximum(self.bound_s[idx], self.tails.pipe_floor_s(idx) + tail)
+        return np.where(self.tails.fits(idx), bound, np.inf), tail
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,11 +245,12 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
     if fixed.any():
         f = np.nonzero(fixed)[0]
         bottleneck[f] = np.maximum(bottleneck[f], even_split_max(ctx, c[f], pp[f], v[f], L) + p2p[f] * v[f])
-    pipe = ((m - 1.0 / v) * bottleneck + sigma / v) * (1 - SAFETY)
+    pipe = pipeline_floor_s(bottleneck, sigma, m, v)
     bound = pipe + opt * (1 - SAFETY)
     order = np.argsort(bound, kind="stable")
     tails = _Tails(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
                    **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
+                                                   sigma=sigma, bottleneck=bottleneck, p2p=p2p,
                                                    eshards=eshards, tied=tied, full=full, fixed=fixed).items()})
     return Bounds(outer=outer, row=row[order], zero=z[order], vpp=v[order].astype(int), bound_s=bound[order],
                   pipe_s=pipe[order], considered=considered, pruned_memory=pruned, least_floor_bytes=least_floor,
@@ -291,9 +293,33 @@ class _Tails:
     zero: np.ndarray
     shards: np.ndarray
     eshards: np.ndarray
+    sigma: np.ndarray
+    bottleneck: np.ndarray
+    p2p: np.ndarray
     tied: np.ndarray
     full: np.ndarray
     fixed: np.ndarray
+
+    def pipe_floor_s(self, idx: np.ndarray) -> np.ndarray:
+        """The pipeline part of the bound with a larger bottleneck where the split is free:
+        some stage holds at least n = ceil(L/p) layers, so the bottleneck is at least the least
+        time of such a range at the first, the last or a middle stage (without the terms that
+        need ZeRO or recompute counts; a stage's time only grows with its layers)."""
+        L = self.model.layers
+        pp, free = self.pp[idx], ~self.fixed[idx]
+        bottleneck = self.bottleneck[idx].copy()
+        for p in sorted(set(pp[free].tolist())):
+            sel = np.nonzero(free & (pp == p))[0]
+            j = idx[sel]
+            n = -(-L // p)
+            used, back = np.unique(self.c[j], return_inverse=True)
+            per = np.stack([self.ctx[k].per for k in used])
+            least = np.minimum(per[:, n] + _ctx_column(self.ctx, "first_s")[used],
+                               per[:, L] - per[:, L - n] + _ctx_column(self.ctx, "last_s")[used])
+            if p >= 3:
+                least = np.minimum(least, np.min(per[:, n + 1:L] - per[:, 1:L - n], axis=1))
+            bottleneck[sel] = np.maximum(bottleneck[sel], least[back] + self.p2p[j])
+        return pipeline_floor_s(bottleneck, self.sigma[idx], self.m[idx], self.vpp[idx])
 
     def floor_s(self, idx: np.ndarray) -> np.ndarray:
         """Per candidate, the least largest tail any split and recompute count can have: the
@@ -396,6 +422,12 @@ class _Tails:
                                     total("bwd") + rec, stage, self.dp_overlap, self.shards[j][col],
                                     self.eshards[j][col], self.cluster)
         return np.min(exposed + opt, axis=1)
+
+
+def pipeline_floor_s(bottleneck, sigma, m, v):
+    """(m - 1/v) * max t + sum t / v (cost/pipeline.py) at its least: max t >= `bottleneck`,
+    sum t >= `sigma`."""
+    return ((m - 1.0 / v) * bottleneck + sigma / v) * (1 - SAFETY)
 
 
 def inverse_in_flight_sum(state, saved, pp, m, v):

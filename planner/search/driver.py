@@ -113,7 +113,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     optimal = True
     pruned_bound = 0
     queue = _BoundOrder(found_bounds)
-    for j, bound in queue:
+    for j, bound, tail in queue:
         if best is not None and bound >= best.step_time_s:
             pruned_bound = queue.remaining + 1
             break
@@ -122,7 +122,6 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                      recompute_layers=fixed.get("recompute_layers"))
         if strategy_problems(s, model, setup):
             continue
-        tail = max(0.0, bound - float(found_bounds.pipe_s[j]))  # the bound's tail part is a floor of the tail
         found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
                               best.step_time_s if best is not None else float("inf"), tail)
         priced += 1
@@ -158,7 +157,8 @@ class _BoundOrder:
     """Candidates in the order of their refined bounds: the first bounds are sorted; the next
     batch of them is refined (Bounds.refined_s, vectorised) into a heap only when the heap's
     least refined bound is no longer below the next first bound, so the refinement costs in
-    proportion to how far the search gets. Yields (candidate, refined bound)."""
+    proportion to how far the search gets. Yields (candidate, refined bound, floor of its
+    largest tail)."""
 
     FIRST_BATCH = 32
 
@@ -173,12 +173,13 @@ class _BoundOrder:
         first = self.found.bound_s
         while self.next < len(first) or self.heap:
             if self.heap and (self.next >= len(first) or self.heap[0][0] <= first[self.next]):
-                bound, j = heapq.heappop(self.heap)
-                yield j, bound
+                bound, j, tail = heapq.heappop(self.heap)
+                yield j, bound, tail
                 continue
             idx = np.arange(self.next, min(len(first), self.next + self.batch))
-            for j, bound in zip(idx.tolist(), self.found.refined_s(idx).tolist()):
-                heapq.heappush(self.heap, (bound, j))
+            refined, tails = self.found.refined_s(idx)
+            for item in zip(refined.tolist(), idx.tolist(), tails.tolist()):
+                heapq.heappush(self.heap, item)
             self.next += len(idx)
             self.batch *= 2
 
