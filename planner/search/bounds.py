@@ -250,7 +250,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
     order = np.argsort(bound, kind="stable")
     tails = _Tails(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
                    **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
-                                                   sigma=sigma, bottleneck=bottleneck, p2p=p2p,
+                                                   sigma=sigma, rec=rec, bottleneck=bottleneck, p2p=p2p,
                                                    eshards=eshards, tied=tied, full=full, fixed=fixed).items()})
     return Bounds(outer=outer, row=row[order], zero=z[order], vpp=v[order].astype(int), bound_s=bound[order],
                   pipe_s=pipe[order], considered=considered, pruned_memory=pruned, least_floor_bytes=least_floor,
@@ -294,6 +294,8 @@ class _Tails:
     shards: np.ndarray
     eshards: np.ndarray
     sigma: np.ndarray
+    rec: np.ndarray
+    """the recompute floor inside sigma"""
     bottleneck: np.ndarray
     p2p: np.ndarray
     tied: np.ndarray
@@ -301,13 +303,26 @@ class _Tails:
     fixed: np.ndarray
 
     def pipe_floor_s(self, idx: np.ndarray) -> np.ndarray:
-        """The pipeline part of the bound with a larger bottleneck where the split is free:
-        some stage holds at least n = ceil(L/p) layers, so the bottleneck is at least the least
-        time of such a range at the first, the last or a middle stage (without the terms that
-        need ZeRO or recompute counts; a stage's time only grows with its layers)."""
+        """The pipeline part of the bound, tightened. Where the split is free, some stage holds
+        at least n = ceil(L/p) layers, so the bottleneck is at least the least time of such a
+        range at the first, the last or a middle stage (without the terms that need ZeRO or
+        recompute counts; a stage's time only grows with its layers). Where it is fixed and the
+        mode is 'full', each stage's least recomputation that fits (_fixed_recompute) adds to
+        its time and, beyond the model-wide recompute floor, to the sum."""
         L = self.model.layers
         pp, free = self.pp[idx], ~self.fixed[idx]
-        bottleneck = self.bottleneck[idx].copy()
+        bottleneck, sigma = self.bottleneck[idx].copy(), self.sigma[idx].copy()
+        for sel, rec in self._fixed_recompute(idx):
+            j, p, v = idx[sel], int(self.pp[idx[sel[0]]]), int(self.vpp[idx[sel[0]]])
+            chunks, _ = even_chunks(L, p, v)
+            total, _ = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
+            stage = np.arange(p)[None, :]
+            ends = [(self.ctx[k].first_s, self.ctx[k].last_s) for k in self.c[j]]
+            base = (total("per") + (stage == 0) * np.array([e[0] for e in ends])[:, None]
+                    + (stage == p - 1) * np.array([e[1] for e in ends])[:, None])
+            times = base + rec + (self.p2p[j] * v)[:, None]
+            bottleneck[sel] = np.maximum(bottleneck[sel], times.max(axis=1))
+            sigma[sel] += np.maximum(0.0, rec.sum(axis=1) - self.rec[j])
         for p in sorted(set(pp[free].tolist())):
             sel = np.nonzero(free & (pp == p))[0]
             j = idx[sel]
@@ -319,7 +334,7 @@ class _Tails:
             if p >= 3:
                 least = np.minimum(least, np.min(per[:, n + 1:L] - per[:, 1:L - n], axis=1))
             bottleneck[sel] = np.maximum(bottleneck[sel], least[back] + self.p2p[j])
-        return pipeline_floor_s(bottleneck, self.sigma[idx], self.m[idx], self.vpp[idx])
+        return pipeline_floor_s(bottleneck, sigma, self.m[idx], self.vpp[idx])
 
     def floor_s(self, idx: np.ndarray) -> np.ndarray:
         """Per candidate, the least largest tail any split and recompute count can have: the
@@ -365,35 +380,68 @@ class _Tails:
         the GPU's memory even at its least: no recomputation, or (recompute 'full') all its
         layers recomputed, whichever holds less."""
         out = np.ones(len(idx), dtype=bool)
-        cap, L = self.cluster.gpu.memory_bytes, self.model.layers
+        for p, v, sel in self._fixed_groups(idx):
+            kept, rebuilt, _, _, _ = self._fixed_memory(idx[sel], p, v)
+            least = np.where(self.full[idx[sel]][:, None], np.minimum(kept, rebuilt), kept)
+            out[sel] = np.all(least * (1 - SAFETY) <= self.cluster.gpu.memory_bytes, axis=1)
+        return out
+
+    def _fixed_groups(self, idx: np.ndarray):
+        """(pp, vpp, positions in idx) of the fixed-split candidates, grouped."""
         pp, vpp, fixed = self.pp[idx], self.vpp[idx], self.fixed[idx]
         for p, v in sorted(set(zip(pp[fixed].tolist(), vpp[fixed].tolist()))):
-            sel = np.nonzero(fixed & (pp == p) & (vpp == v))[0]
-            j = idx[sel]
-            chunks, _ = even_chunks(L, p, v)
-            total, end = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
-            stage = np.arange(p)[None, :]
-            first, last = stage == 0, stage == p - 1
-            dense = total("params") + first * end("emb_params") + last * (end("head_params") - self.tied[j][:, None])
-            inflight = in_flight(stage, p, self.m[j][:, None], v)
-            head = last * end("head_saved")
-            transient = np.array([self.ctx[k].transient_bytes for k in self.c[j]])[:, None]
-            prefetch = np.array([self.ctx[k].prefetch_bytes for k in self.c[j]])[:, None]
-            least = np.full((len(j), p), np.inf)
-            for zero in ZEROS:
-                zs = self.zero[j] == zero
-                if not zs.any():
-                    continue
-                col = (zs, slice(None))
-                args = (zero, dense[col], total("expert")[col], self.shards[j][zs][:, None],
-                        self.eshards[j][zs][:, None], inflight[col])
-                kept = sum(stage_memory(*args, total("saved_b")[col] + first * end("emb_saved")[col], head[col],
-                                        0.0, prefetch[col]))
-                rebuilt = sum(stage_memory(*args, total("saved_f")[col] + first * end("emb_saved")[col], head[col],
+            yield p, v, np.nonzero(fixed & (pp == p) & (vpp == v))[0]
+
+    def _fixed_memory(self, j: np.ndarray, p: int, v: int):
+        """Per candidate and stage of the even split: peak memory with no layer recomputed,
+        with all of them recomputed, with the rebuild buffer but nothing recomputed yet, how
+        much each recomputed layer saves at most (the model's largest per-layer saving: memory
+        is at least affine in the count then), and the stage's layer count."""
+        chunks, sizes = even_chunks(self.model.layers, p, v)
+        total, end = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
+        stage = np.arange(p)[None, :]
+        first, last = stage == 0, stage == p - 1
+        dense = total("params") + first * end("emb_params") + last * (end("head_params") - self.tied[j][:, None])
+        inflight = in_flight(stage, p, self.m[j][:, None], v)
+        head = last * end("head_saved")
+        transient = np.array([self.ctx[k].transient_bytes for k in self.c[j]])[:, None]
+        prefetch = np.array([self.ctx[k].prefetch_bytes for k in self.c[j]])[:, None]
+        saving = np.array([self.ctx[k].saving for k in self.c[j]])[:, None]
+        kept, rebuilt, buffered, step = (np.zeros((len(j), p)) for _ in range(4))
+        for zero in ZEROS:
+            zs = self.zero[j] == zero
+            if not zs.any():
+                continue
+            col = (zs, slice(None))
+            args = (zero, dense[col], total("expert")[col], self.shards[j][zs][:, None],
+                    self.eshards[j][zs][:, None], inflight[col])
+            saved = total("saved_b")[col] + first * end("emb_saved")[col]
+            kept[zs] = sum(stage_memory(*args, saved, head[col], 0.0, prefetch[col]))
+            rebuilt[zs] = sum(stage_memory(*args, total("saved_f")[col] + first * end("emb_saved")[col], head[col],
                                            transient[col], prefetch[col]))
-                least[zs] = np.where(self.full[j][zs][:, None], np.minimum(kept, rebuilt), kept)
-            out[sel] = np.all(least * (1 - SAFETY) <= cap, axis=1)
-        return out
+            buffered[zs] = sum(stage_memory(*args, saved, head[col], transient[col], prefetch[col]))
+            step[zs] = buffered[zs] - sum(stage_memory(*args, saved - saving[col], head[col], transient[col],
+                                                       prefetch[col]))
+        return kept, rebuilt, buffered, step, np.broadcast_to(sizes, (len(j), p))
+
+    def _fixed_recompute(self, idx: np.ndarray):
+        """Per 'full' candidate with a fixed split, the least recomputation time of each stage
+        that lets it fit: no layer when it fits as is, else at least
+        r = ceil((memory with the rebuild buffer - capacity) / the most a layer saves) layers
+        (and at least one), each costing at least the cheapest layer's recomputation. Yields
+        (positions in idx, per-stage times)."""
+        cap = self.cluster.gpu.memory_bytes
+        for p, v, sel in self._fixed_groups(idx):
+            sel = sel[self.full[idx[sel]]]
+            if not len(sel):
+                continue
+            j = idx[sel]
+            kept, _, buffered, step, sizes = self._fixed_memory(j, p, v)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                need = np.where(step > 0, np.ceil((buffered * (1 - SAFETY) - cap) / step - SAFETY), 1.0)
+            layers = np.where(kept * (1 - SAFETY) <= cap, 0.0, np.clip(need, 1, sizes))
+            cost = np.array([self.ctx[k].rec_cost_s for k in self.c[j]])[:, None]
+            yield sel, layers * cost * (1 - SAFETY)
 
     def _sums(self, j: np.ndarray, chunks: list):
         """total(key): the prefix sums of candidates j's contexts summed over `chunks`
@@ -401,7 +449,7 @@ class _Tails:
         used, back = np.unique(self.c[j], return_inverse=True)
 
         def total(key):
-            prefix = np.stack([self.ctx[k].prefix[key] for k in used])[back]
+            prefix = np.stack([self.ctx[k].per if key == "per" else self.ctx[k].prefix[key] for k in used])[back]
             rows = np.arange(len(j))[:, None]
             return sum(prefix[rows, b] - prefix[rows, a] for a, b in chunks)
 
