@@ -63,14 +63,16 @@ class Bounds:
     tails: _Tails | None = None
     """None only when there is no candidate"""
 
-    def refined_s(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def refined_s(self, idx: np.ndarray, cutoff: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
         """Tighter bounds of candidates idx and a floor of their largest tail: the pipeline part
         (with the free split's integrality, _Tails.pipe_floor_s) plus the least largest tail
-        (_Tails.floor_s), never below the first bound; infinite when the candidate's split is
-        fixed and one of its stages cannot fit (_Tails.fits)."""
+        (_Tails.floor_s), never below the first bound; infinite when no split of the candidate
+        fits in memory (_Tails.fits, checked only where the bound is below `cutoff`)."""
         tail = np.maximum(self.bound_s[idx] - self.pipe_s[idx], self.tails.floor_s(idx) * (1 - SAFETY))
         bound = np.maximum(self.bound_s[idx], self.tails.pipe_floor_s(idx) + tail)
-        return np.where(self.tails.fits(idx), bound, np.inf), tail
+        check = np.nonzero(bound < cutoff)[0]
+        bound[check[~self.tails.fits(idx[check])]] = np.inf
+        return bound, tail
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,30 @@ class _Context:
     """prefix sums of a layer's stage time without ZeRO, recompute counts and p2p"""
     first_s: float
     last_s: float
+
+
+class _Table:
+    """The layer contexts of one search as columns (a scalar per context, or its prefix sums
+    as a matrix), each built once, on first use."""
+
+    __slots__ = ("ctx", "_columns")
+
+    def __init__(self, ctx: list):
+        self.ctx, self._columns = ctx, {}
+
+    def col(self, name: str) -> np.ndarray:
+        """A _Context field, or an entry of its `ends`, per context."""
+        if name not in self._columns:
+            field = name in _Context.__dataclass_fields__
+            self._columns[name] = np.array([getattr(x, name) if field else x.ends[name] for x in self.ctx])
+        return self._columns[name]
+
+    def prefix(self, name: str) -> np.ndarray:
+        """(contexts, layers + 1) prefix sums: 'per', or a key of cost/step's prefix tables."""
+        key = ("prefix", name)
+        if key not in self._columns:
+            self._columns[key] = np.stack([x.per if name == "per" else x.prefix[name] for x in self.ctx])
+        return self._columns[key]
 
 
 @lru_cache(maxsize=16384)
@@ -176,7 +202,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                                      _mask(zeros, ZEROS), vpps))
     # the layer context depends on the setup's sequence, precision and attention only
     shape = replace(setup, gpus=1, global_batch=1, runtime="any")
-    ctx = [_context(model, cluster, shape, *k) for k in contexts]
+    ctx = _Table([_context(model, cluster, shape, *k) for k in contexts])
     return _bound_rows(model, cluster, setup, rules, outer, rows, ctx, list(layouts), considered,
                        fixed.get("dp_overlap", True))
 
@@ -200,7 +226,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
     z, v = np.array(ZEROS)[zi], np.array(vpp_domain, dtype=float)[vi]
     c, lay, pp, shards, eshards, m, p2p, tied, full = (x[row] for x in (c, lay, pp, shards, eshards, m, p2p, tied,
                                                                         full))
-    dense, expert = _ctx_column(ctx, "dense")[c] - tied, _ctx_column(ctx, "expert")[c]
+    dense, expert = ctx.col("dense")[c] - tied, ctx.col("expert")[c]
 
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
@@ -210,10 +236,10 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
         sel = z == zero
         per_dense[sel] = sum(memory.state_bytes(1.0, zero, shards[sel]))
         per_expert[sel] = sum(memory.state_bytes(1.0, zero, eshards[sel]))
-    width = max(len(x.kinds) for x in ctx)
-    kinds = np.array([list(x.kinds) + [x.kinds[0]] * (width - len(x.kinds)) for x in ctx])
+    width = max(len(x.kinds) for x in ctx.ctx)
+    kinds = np.array([list(x.kinds) + [x.kinds[0]] * (width - len(x.kinds)) for x in ctx.ctx])
     least_state = np.min(per_dense[:, None] * kinds[c, :, 0] + per_expert[:, None] * kinds[c, :, 1], axis=1)
-    saved = _ctx_column(ctx, "least_saved")[c]
+    saved = ctx.col("least_saved")[c]
     floor = L / inverse_in_flight_sum(least_state, saved, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
     fits = floor * (1 - SAFETY) <= cap
     pruned = int((~fits).sum())
@@ -231,15 +257,15 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
     coef = np.array([[[comm.affine_s(kind, group, cluster) for group in (dpcp, edp)] for kind in _KINDS]
                      for edp, dpcp in layouts]).reshape(len(layouts), len(_KINDS), 2, 2)
     traffic = zero_traffic_s(_affine(coef, lay), z, dp_grad_bytes(setup.precision), dense, expert)
-    zfloor = np.maximum(0.0, traffic - eff.dp_overlap_fraction * _ctx_column(ctx, "comp_s")[c])
+    zfloor = np.maximum(0.0, traffic - eff.dp_overlap_fraction * ctx.col("comp_s")[c])
     rec = np.zeros(len(z))
     if full.any():
         f = np.nonzero(full)[0]
         kmax = in_flight(0, pp[f], m[f], v[f])
         inv_k = inverse_in_flight_sum(0.0, 1.0, pp[f], m[f], v[f])
-        rec[f] = recompute_floor(least_state[f], _ctx_column(ctx, "saved_b")[c[f]], _ctx_column(ctx, "saving")[c[f]],
-                                 _ctx_column(ctx, "rec_cost_s")[c[f]], L, kmax, inv_k, cap)
-    sigma = _ctx_column(ctx, "total_s")[c] + pp * p2p * v + zfloor + rec
+        rec[f] = recompute_floor(least_state[f], ctx.col("saved_b")[c[f]], ctx.col("saving")[c[f]],
+                                 ctx.col("rec_cost_s")[c[f]], L, kmax, inv_k, cap)
+    sigma = ctx.col("total_s")[c] + pp * p2p * v + zfloor + rec
     bottleneck = sigma / pp
     fixed = (pp == 1) | (v > 1) if rules.uneven_split != "none" else np.ones(len(z), dtype=bool)
     if fixed.any():
@@ -260,10 +286,6 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
 _KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
-def _ctx_column(ctx: list, name: str) -> np.ndarray:
-    return np.array([getattr(x, name) for x in ctx])
-
-
 def _affine(coef: np.ndarray, lay: np.ndarray):
     """coll(kind, bytes, group) of cost/step's shared formulas for candidates on layouts `lay`,
     from each collective's affine coefficients (comm.affine_s); bytes shaped (candidates, ...)."""
@@ -282,7 +304,7 @@ class _Tails:
     model: ModelSpec
     cluster: Cluster
     setup: TrainingSetup
-    ctx: list
+    ctx: _Table
     coef: np.ndarray
     dp_overlap: bool
     c: np.ndarray
@@ -317,9 +339,8 @@ class _Tails:
             chunks, _ = even_chunks(L, p, v)
             total, _ = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
             stage = np.arange(p)[None, :]
-            ends = [(self.ctx[k].first_s, self.ctx[k].last_s) for k in self.c[j]]
-            base = (total("per") + (stage == 0) * np.array([e[0] for e in ends])[:, None]
-                    + (stage == p - 1) * np.array([e[1] for e in ends])[:, None])
+            base = (total("per") + (stage == 0) * self.ctx.col("first_s")[self.c[j]][:, None]
+                    + (stage == p - 1) * self.ctx.col("last_s")[self.c[j]][:, None])
             times = base + rec + (self.p2p[j] * v)[:, None]
             bottleneck[sel] = np.maximum(bottleneck[sel], times.max(axis=1))
             sigma[sel] += np.maximum(0.0, rec.sum(axis=1) - self.rec[j])
@@ -328,9 +349,9 @@ class _Tails:
             j = idx[sel]
             n = -(-L // p)
             used, back = np.unique(self.c[j], return_inverse=True)
-            per = np.stack([self.ctx[k].per for k in used])
-            least = np.minimum(per[:, n] + _ctx_column(self.ctx, "first_s")[used],
-                               per[:, L] - per[:, L - n] + _ctx_column(self.ctx, "last_s")[used])
+            per = self.ctx.prefix("per")[used]
+            least = np.minimum(per[:, n] + self.ctx.col("first_s")[used],
+                               per[:, L] - per[:, L - n] + self.ctx.col("last_s")[used])
             if p >= 3:
                 least = np.minimum(least, np.min(per[:, n + 1:L] - per[:, 1:L - n], axis=1))
             bottleneck[sel] = np.maximum(bottleneck[sel], least[back] + self.p2p[j])
@@ -384,7 +405,54 @@ class _Tails:
             kept, rebuilt, _, _, _ = self._fixed_memory(idx[sel], p, v)
             least = np.where(self.full[idx[sel]][:, None], np.minimum(kept, rebuilt), kept)
             out[sel] = np.all(least * (1 - SAFETY) <= self.cluster.gpu.memory_bytes, axis=1)
+        pp, free = self.pp[idx], ~self.fixed[idx]
+        for p in sorted(set(pp[free].tolist()) - {1}):
+            sel = np.nonzero(free & (pp == p))[0]
+            out[sel] = self._split_exists(idx[sel], p)
         return out
+
+    def _split_exists(self, j: np.ndarray, p: int) -> np.ndarray:
+        """Per candidate, whether some contiguous split into p stages of at most stage_width
+        layers fits in memory, each stage at its least (as in fits): which layer boundaries the
+        first i stages can reach, stage by stage (a boolean dynamic programme over every range
+        of every candidate at once)."""
+        L, cap = self.model.layers, self.cluster.gpu.memory_bytes
+        width = space.stage_width(L, p)
+        a = np.arange(L)[None, :, None]
+        n = np.arange(1, width + 1)[None, None, :]
+        valid = a + n <= L
+        total, end = self._sums(j, [(a, np.minimum(a + n, L))])
+        params, expert = total("params"), total("expert")
+        saved_b, saved_f = total("saved_b"), total("saved_f")
+        shape = (-1, 1, 1)
+        transient = self.ctx.col("transient_bytes")[self.c[j]].reshape(shape)
+        prefetch = self.ctx.col("prefetch_bytes")[self.c[j]].reshape(shape)
+        full = self.full[j].reshape(shape)
+        reach = np.zeros((len(j), L + 1), dtype=bool)
+        reach[:, 0] = True
+        for stage in range(p):
+            first, last = stage == 0, stage == p - 1
+            dense = params + first * end("emb_params") + last * (end("head_params") - self.tied[j].reshape(shape))
+            inflight = in_flight(stage, p, self.m[j].reshape(shape), 1)
+            head = last * end("head_saved")
+            least = np.full(params.shape, np.inf)
+            for zero in ZEROS:
+                zs = self.zero[j] == zero
+                if not zs.any():
+                    continue
+                args = (zero, dense[zs], expert[zs], self.shards[j][zs].reshape(shape),
+                        self.eshards[j][zs].reshape(shape), inflight[zs])
+                kept = sum(stage_memory(*args, saved_b[zs] + first * end("emb_saved")[zs], head[zs], 0.0,
+                                        prefetch[zs]))
+                rebuilt = sum(stage_memory(*args, saved_f[zs] + first * end("emb_saved")[zs], head[zs],
+                                           transient[zs], prefetch[zs]))
+                least[zs] = np.where(full[zs], np.minimum(kept, rebuilt), kept)
+            fits = valid & (least * (1 - SAFETY) <= cap)
+            nxt = np.zeros_like(reach)
+            for size in range(1, width + 1):
+                nxt[:, size:] |= reach[:, :L + 1 - size] & fits[:, :L + 1 - size, size - 1]
+            reach = nxt
+        return reach[:, L]
 
     def _fixed_groups(self, idx: np.ndarray):
         """(pp, vpp, positions in idx) of the fixed-split candidates, grouped."""
@@ -404,9 +472,9 @@ class _Tails:
         dense = total("params") + first * end("emb_params") + last * (end("head_params") - self.tied[j][:, None])
         inflight = in_flight(stage, p, self.m[j][:, None], v)
         head = last * end("head_saved")
-        transient = np.array([self.ctx[k].transient_bytes for k in self.c[j]])[:, None]
-        prefetch = np.array([self.ctx[k].prefetch_bytes for k in self.c[j]])[:, None]
-        saving = np.array([self.ctx[k].saving for k in self.c[j]])[:, None]
+        transient = self.ctx.col("transient_bytes")[self.c[j]][:, None]
+        prefetch = self.ctx.col("prefetch_bytes")[self.c[j]][:, None]
+        saving = self.ctx.col("saving")[self.c[j]][:, None]
         kept, rebuilt, buffered, step = (np.zeros((len(j), p)) for _ in range(4))
         for zero in ZEROS:
             zs = self.zero[j] == zero
@@ -440,21 +508,21 @@ class _Tails:
             with np.errstate(divide="ignore", invalid="ignore"):
                 need = np.where(step > 0, np.ceil((buffered * (1 - SAFETY) - cap) / step - SAFETY), 1.0)
             layers = np.where(kept * (1 - SAFETY) <= cap, 0.0, np.clip(need, 1, sizes))
-            cost = np.array([self.ctx[k].rec_cost_s for k in self.c[j]])[:, None]
+            cost = self.ctx.col("rec_cost_s")[self.c[j]][:, None]
             yield sel, layers * cost * (1 - SAFETY)
 
     def _sums(self, j: np.ndarray, chunks: list):
         """total(key): the prefix sums of candidates j's contexts summed over `chunks`
-        [(a, b), ...] (arrays broadcasting to (candidates, options)); end(key): an end term."""
-        used, back = np.unique(self.c[j], return_inverse=True)
+        [(a, b), ...] (arrays broadcasting to (candidates, options...)); end(key): an end term,
+        shaped to broadcast likewise."""
+        rows = self.c[j].reshape(-1, *(1,) * (max(np.ndim(b) for _, b in chunks) - 1))
 
         def total(key):
-            prefix = np.stack([self.ctx[k].per if key == "per" else self.ctx[k].prefix[key] for k in used])[back]
-            rows = np.arange(len(j))[:, None]
+            prefix = self.ctx.prefix(key)
             return sum(prefix[rows, b] - prefix[rows, a] for a, b in chunks)
 
         def end(key):
-            return np.array([self.ctx[k].ends[key] for k in used])[back][:, None]
+            return self.ctx.col(key)[rows]
 
         return total, end
 
@@ -497,7 +565,7 @@ def inverse_in_flight_sum(state, saved, pp, m, v):
     return progression + capped
 
 
-def even_split_max(ctx: list, c: np.ndarray, pp: np.ndarray, v: np.ndarray, layers: int) -> np.ndarray:
+def even_split_max(ctx: _Table, c: np.ndarray, pp: np.ndarray, v: np.ndarray, layers: int) -> np.ndarray:
     """The largest stage time of the even split of context c[j] into pp[j] x v[j] chunks, without
     the terms that need ZeRO, recompute counts or p2p (compute, attention recompute of
     'selective', tp/cp/ep traffic, the embedding and the head): a lower bound on its bottleneck."""
@@ -505,11 +573,11 @@ def even_split_max(ctx: list, c: np.ndarray, pp: np.ndarray, v: np.ndarray, laye
     for p, vv in sorted(set(zip(pp.tolist(), v.tolist()))):
         sel = np.nonzero((pp == p) & (v == vv))[0]
         used, back = np.unique(c[sel], return_inverse=True)
-        per = np.stack([ctx[k].per for k in used])
+        per = ctx.prefix("per")[used]
         chunks, _ = even_chunks(layers, int(p), int(vv))
         times = sum(per[:, b] - per[:, a] for a, b in chunks)
-        times[:, 0] += _ctx_column(ctx, "first_s")[used]
-        times[:, -1] += _ctx_column(ctx, "last_s")[used]
+        times[:, 0] += ctx.col("first_s")[used]
+        times[:, -1] += ctx.col("last_s")[used]
         out[sel] = times.max(axis=1)[back]
     return out
 

@@ -133,6 +133,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                 pool.append(cand)
                 if best is None or cand.step_time_s < best.step_time_s:
                     best = cand
+                    queue.cutoff = best.step_time_s
             elif closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
                 closest = cand
         if progress and priced % 16 == 0:
@@ -158,12 +159,16 @@ class _BoundOrder:
     batch of them is refined (Bounds.refined_s, vectorised) into a heap only when the heap's
     least refined bound is no longer below the next first bound, so the refinement costs in
     proportion to how far the search gets. Yields (candidate, refined bound, floor of its
-    largest tail)."""
+    largest tail); every bound yielded after the first plan is found is the least remaining."""
 
     FIRST_BATCH = 32
+    MAX_BATCH = 1024
 
     def __init__(self, found: bounds.Bounds):
         self.found, self.next, self.heap, self.batch = found, 0, [], self.FIRST_BATCH
+        self.cutoff = float("inf")
+        """the best step found so far (the caller keeps it current): what cannot beat it needs
+        no memory check"""
 
     @property
     def remaining(self) -> int:
@@ -172,16 +177,19 @@ class _BoundOrder:
     def __iter__(self):
         first = self.found.bound_s
         while self.next < len(first) or self.heap:
-            if self.heap and (self.next >= len(first) or self.heap[0][0] <= first[self.next]):
+            # until a plan is found, the best refined candidate goes first (an incumbent early
+            # makes the memory checks of the next batches unnecessary); after it, bound order
+            early = self.cutoff == float("inf") and self.heap and self.heap[0][0] < float("inf")
+            if self.heap and (early or self.next >= len(first) or self.heap[0][0] <= first[self.next]):
                 bound, j, tail = heapq.heappop(self.heap)
                 yield j, bound, tail
                 continue
             idx = np.arange(self.next, min(len(first), self.next + self.batch))
-            refined, tails = self.found.refined_s(idx)
+            refined, tails = self.found.refined_s(idx, self.cutoff)
             for item in zip(refined.tolist(), idx.tolist(), tails.tolist()):
                 heapq.heappush(self.heap, item)
             self.next += len(idx)
-            self.batch *= 2
+            self.batch = min(2 * self.batch, self.MAX_BATCH)
 
 
 def _key(s: Strategy) -> tuple:
