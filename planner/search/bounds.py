@@ -47,10 +47,11 @@ ZEROS = (0, 1, 2, 3)
 @dataclass(frozen=True, slots=True)
 class Bounds:
     """Every candidate that may fit, sorted by bound: candidate j is ZeRO stage zero[j] and vpp
-    vpp[j] of outer choice outer[row[j]] (a dict of the other knobs)."""
+    vpp[j] of outer choice row[j] (knobs(j): the other knobs)."""
 
-    outer: list
+    outer: _Outer
     row: np.ndarray
+    pp: np.ndarray
     zero: np.ndarray
     vpp: np.ndarray
     bound_s: np.ndarray
@@ -62,6 +63,10 @@ class Bounds:
     """least memory floor of the candidates pruned for memory (inf when none was)"""
     tails: _Tails | None = None
     """None only when there is no candidate"""
+
+    def knobs(self, j: int) -> dict:
+        """Candidate j's knobs other than zero and vpp."""
+        return self.outer.knobs(int(self.row[j]), int(self.pp[j]))
 
     def refined_s(self, idx: np.ndarray, cutoff: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
         """Tighter bounds of candidates idx and a floor of their largest tail: the pipeline part
@@ -154,12 +159,13 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     p2ps: dict = {}
     vpp_sets: dict = {}
     zero_sets: dict = {}
-    outer, rows = [], []
+    rows: list = []
     considered = 0
     modes = space.allowed(space.RECOMPUTES, fixed.get("recompute"))
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
+    vpp_ids: dict = {}
     for tp, cp, pp, dp in space.degree_tuples(model, cluster, setup, fixed, rules):
-        if progress and len(outer) % 256 == 0:
+        if progress and len(rows) % 256 == 0:
             progress(0, 0, f"bounding {considered:,} candidates")
         sp = fixed.get("sequence_parallel", tp > 1)
         mbs = space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch"))
@@ -170,11 +176,9 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                                     if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
         zeros = zero_sets[zkey]
         for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
-            degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
             placed = set()
-            for order in orders:
-                spans = tuple(span(order, degrees, (d,), g) for d in ("tp", "cp", "ep", "pp", "edp")) + (
-                    span(order, degrees, ("cp", "dp"), g),)
+            for o, order in enumerate(orders):
+                spans = _spans(order, tp, cp, dp, pp, ep, g)
                 duplicate = spans in placed  # another rank order that places every group alike
                 placed.add(spans)
                 lay = layouts.setdefault(spans[4:], len(layouts))
@@ -183,45 +187,70 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                     if (pp, m) not in vpp_sets:
                         vpp_sets[(pp, m)] = tuple(space.vpp_options(model, pp, m, fixed.get("vpp"), rules))
                     vpps = vpp_sets[(pp, m)]
+                    vid = vpp_ids.setdefault(vpps, len(vpp_ids))
                     considered += len(modes) * len(vpps) * len(zeros)
                     if duplicate or not vpps or not zeros or (sp and tp == 1):
                         continue
                     inter = spans[3].nodes > 1
                     if (tp, cp, mb, inter) not in p2ps:
                         p2ps[(tp, cp, mb, inter)] = p2p_s(model, cluster, setup, tp, cp, mb, 1, inter)
-                    for mode in modes:
+                    for i, mode in enumerate(modes):
                         key = (tp, cp, ep, mb, sp, mode, spans[:3])
                         if key not in contexts:
                             contexts[key] = len(contexts)
-                        outer.append(dict(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, micro_batch=mb, recompute=mode,
-                                          order=order, sequence_parallel=sp,
-                                          dp_overlap=fixed.get("dp_overlap", True)))
                         rows.append((contexts[key], lay, pp, dp * cp, max(1, dp * cp // ep), m,
                                      p2ps[(tp, cp, mb, inter)] if pp > 1 else 0.0,
                                      tied_head_params(model, tp) if pp == 1 else 0.0, mode == "full",
-                                     _mask(zeros, ZEROS), vpps))
+                                     _mask(zeros, ZEROS), vid, tp, cp, dp, ep, mb, i, o, sp))
     # the layer context depends on the setup's sequence, precision and attention only
     shape = replace(setup, gpus=1, global_batch=1, runtime="any")
     ctx = _Table([_context(model, cluster, shape, *k) for k in contexts])
-    return _bound_rows(model, cluster, setup, rules, outer, rows, ctx, list(layouts), considered,
+    outer = _Outer(np.array(rows, dtype=float).reshape(-1, 19)[:, 11:].astype(int), tuple(modes), tuple(orders),
+                   fixed.get("dp_overlap", True))
+    return _bound_rows(model, cluster, setup, rules, outer, rows, ctx, list(layouts), list(vpp_ids), considered,
                        fixed.get("dp_overlap", True))
+
+
+@lru_cache(maxsize=65536)
+def _spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, g: int) -> tuple:
+    """Spans of the tp, cp, ep, pp, edp and dp*cp groups (the order of cost/step.profile)."""
+    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
+    return tuple(span(order, degrees, (d,), g) for d in ("tp", "cp", "ep", "pp", "edp")) + (
+        span(order, degrees, ("cp", "dp"), g),)
 
 
 def _mask(values, domain) -> int:
     return sum(1 << domain.index(v) for v in values)
 
 
-def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, considered, dp_overlap) -> Bounds:
+@dataclass(frozen=True, slots=True)
+class _Outer:
+    """The outer choices as integer columns: tp, cp, dp, ep, micro-batch, recompute mode (index
+    into modes), rank order (index into orders), sequence parallel; pp from the bounds."""
+
+    columns: np.ndarray
+    modes: tuple
+    orders: tuple
+    dp_overlap: bool
+
+    def knobs(self, row: int, pp: int) -> dict:
+        tp, cp, dp, ep, mb, mode, order, sp = self.columns[row].tolist()
+        return {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "micro_batch": mb, "recompute": self.modes[mode],
+                "order": self.orders[order], "sequence_parallel": bool(sp), "dp_overlap": self.dp_overlap}
+
+
+def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_sets, considered, dp_overlap) -> Bounds:
     """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring)."""
     cap, L = cluster.gpu.memory_bytes, model.layers
     eff = cluster.efficiency
-    vpp_domain = sorted({v for r in rows for v in r[10]})
+    vpp_domain = sorted({v for vpps in vpp_sets for v in vpps})
     if not rows:
-        return Bounds([], *(np.zeros(0, dtype=int),) * 3, *(np.zeros(0),) * 2, considered, 0, float("inf"))
-    c, lay, pp, shards, eshards, m, p2p, tied = (np.array([r[k] for r in rows]) for k in range(8))
-    full = np.array([r[8] for r in rows], dtype=bool)
-    zmask = (np.array([r[9] for r in rows])[:, None] >> np.arange(len(ZEROS))) & 1
-    vmask = np.array([[v in r[10] for v in vpp_domain] for r in rows], dtype=bool)
+        return Bounds(outer, *(np.zeros(0, dtype=int),) * 4, *(np.zeros(0),) * 2, considered, 0, float("inf"))
+    table = np.array(rows, dtype=float)
+    c, lay, pp, shards, eshards, m = (table[:, k].astype(int) for k in range(6))
+    p2p, tied, full = table[:, 6], table[:, 7], table[:, 8].astype(bool)
+    zmask = (table[:, 9].astype(int)[:, None] >> np.arange(len(ZEROS))) & 1
+    vmask = np.array([[v in vpps for v in vpp_domain] for vpps in vpp_sets], dtype=bool)[table[:, 10].astype(int)]
     row, zi, vi = np.nonzero(zmask.astype(bool)[:, :, None] & vmask[:, None, :])
     z, v = np.array(ZEROS)[zi], np.array(vpp_domain, dtype=float)[vi]
     c, lay, pp, shards, eshards, m, p2p, tied, full = (x[row] for x in (c, lay, pp, shards, eshards, m, p2p, tied,
@@ -278,7 +307,8 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, conside
                    **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
                                                    sigma=sigma, rec=rec, bottleneck=bottleneck, p2p=p2p,
                                                    eshards=eshards, tied=tied, full=full, fixed=fixed).items()})
-    return Bounds(outer=outer, row=row[order], zero=z[order], vpp=v[order].astype(int), bound_s=bound[order],
+    return Bounds(outer=outer, row=row[order], pp=pp[order], zero=z[order], vpp=v[order].astype(int),
+                  bound_s=bound[order],
                   pipe_s=pipe[order], considered=considered, pruned_memory=pruned, least_floor_bytes=least_floor,
                   tails=tails)
 

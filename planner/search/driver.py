@@ -117,7 +117,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
         if best is not None and bound >= best.step_time_s:
             pruned_bound = queue.remaining + 1
             break
-        knobs, v, zero = found_bounds.outer[found_bounds.row[j]], int(found_bounds.vpp[j]), int(found_bounds.zero[j])
+        knobs, v, zero = found_bounds.knobs(j), int(found_bounds.vpp[j]), int(found_bounds.zero[j])
         s = Strategy(**knobs, zero=zero, vpp=v, schedule="interleaved-1f1b" if v > 1 else "1f1b",
                      recompute_layers=fixed.get("recompute_layers"))
         if strategy_problems(s, model, setup):
