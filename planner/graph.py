@@ -15,7 +15,7 @@ MLA, flash attention) so that the paper's totals come out for the GPT layer it d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 from planner.spec.model import ModelSpec
@@ -124,6 +124,14 @@ class Layer:
     bias: bool = False
     explicit: tuple | None = None
     """(fwd_flops, params, saved_bytes, output_bytes) per sample of an explicit graph layer"""
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        # layers key the cost model's caches: hash the nested linears once, not on every lookup
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 def _mlp(hidden: int, width: int, act: str) -> tuple[Linear, ...]:

@@ -236,10 +236,15 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     gpu, eff = cluster.gpu, cluster.efficiency
     peak = gpu.flops(precision)
     kinds, kind_index = _kinds(model)
-    base_costs = [layer_cost(k, replace(base, recompute=base_mode), cluster, precision, tp_span, cp_span, ep_span)
-                  for k in kinds]
-    full_costs = [layer_cost(k, replace(base, recompute="full"), cluster, precision, tp_span, cp_span, ep_span)
-                  for k in kinds]
+    # a layer without experts does not depend on ep: one cache entry serves every ep
+    dense_base, no_group = replace(base, ep=1), Span(size=1, per_node=1, nodes=1)
+
+    def costs(mode):
+        ctx, dense_ctx = replace(base, recompute=mode), replace(dense_base, recompute=mode)
+        return [layer_cost(k, ctx, cluster, precision, tp_span, cp_span, ep_span) if k.experts
+                else layer_cost(k, dense_ctx, cluster, precision, tp_span, cp_span, no_group) for k in kinds]
+
+    base_costs, full_costs = costs(base_mode), costs("full")
     rows = {
         "comp": [c.fwd + c.bwd for c in base_costs], "fwd": [c.fwd for c in base_costs],
         "bwd": [c.bwd for c in base_costs], "tp": [c.tp for c in base_costs], "cp": [c.cp for c in base_costs],
@@ -249,8 +254,11 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
         "saved_b": [c.saved for c in base_costs], "saved_f": [c.saved for c in full_costs],
         "main_b": [c.saved_main for c in base_costs], "main_f": [c.saved_main for c in full_costs],
     }
-    kinds = {k: np.asarray(v) for k, v in rows.items()}
-    prefix = {k: np.concatenate(([0.0], np.cumsum(v[kind_index]))) for k, v in kinds.items()}
+    table = np.array(list(rows.values()))
+    kinds = dict(zip(rows, table))
+    sums = np.zeros((len(rows), len(kind_index) + 1))
+    np.cumsum(table[:, kind_index], axis=1, out=sums[:, 1:])
+    prefix = dict(zip(rows, sums))
     emb, head = embedding_work(model, base), head_work(model, base)
 
     def t_mem(n_bytes):

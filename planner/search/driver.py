@@ -161,8 +161,8 @@ class _BoundOrder:
     proportion to how far the search gets. Yields (candidate, refined bound, floor of its
     largest tail); every bound yielded after the first plan is found is the least remaining."""
 
-    FIRST_BATCH = 32
-    MAX_BATCH = 1024
+    FIRST_BATCH = 128
+    MAX_BATCH = 4096
 
     def __init__(self, found: bounds.Bounds):
         self.found, self.next, self.heap, self.batch = found, 0, [], self.FIRST_BATCH
