@@ -306,6 +306,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
     tails = _Tails(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
                    **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
                                                    sigma=sigma, rec=rec, bottleneck=bottleneck, p2p=p2p,
+                                                   least_state=least_state,
                                                    eshards=eshards, tied=tied, full=full, fixed=fixed).items()})
     return Bounds(outer=outer, row=row[order], pp=pp[order], zero=z[order], vpp=v[order].astype(int),
                   bound_s=bound[order],
@@ -348,6 +349,8 @@ class _Tails:
     sigma: np.ndarray
     rec: np.ndarray
     """the recompute floor inside sigma"""
+    least_state: np.ndarray
+    """the least state bytes of a layer"""
     bottleneck: np.ndarray
     p2p: np.ndarray
     tied: np.ndarray
@@ -385,7 +388,40 @@ class _Tails:
             if p >= 3:
                 least = np.minimum(least, np.min(per[:, n + 1:L] - per[:, 1:L - n], axis=1))
             bottleneck[sel] = np.maximum(bottleneck[sel], least[back] + self.p2p[j])
+        for p in sorted(set(pp[free & self.full[idx]].tolist()) - {1}):
+            sel = np.nonzero(free & self.full[idx] & (pp == p))[0]
+            j = idx[sel]
+            extra = np.maximum(0.0, self._least_recompute(j, p) * self.ctx.col("rec_cost_s")[self.c[j]] * (1 - SAFETY)
+                               - self.rec[j])
+            sigma[sel] += extra
+            bottleneck[sel] = np.maximum(bottleneck[sel], sigma[sel] / p)
         return pipeline_floor_s(bottleneck, sigma, self.m[idx], self.vpp[idx])
+
+    def _least_recompute(self, j: np.ndarray, p: int) -> np.ndarray:
+        """Least count of recomputed layers any split needs to fit, as a linear programme
+        (layers and counts fractional, per-layer minima of the model): stage i holds
+        u_i = C / c_i layers without recomputing, c_i = state + k_i saved (k_i in flight,
+        C = capacity - reserve); each layer beyond costs rho_i = c_i / (k_i saving)
+        recomputed layers, up to C / (c_i - k_i saving) layers in all. The layers beyond
+        sum u_i go, cheapest rho first, to the stages with the most in flight (rho falls with
+        k_i, which falls with i); infinite when they do not fit anywhere."""
+        L = self.model.layers
+        C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
+        state = self.least_state[j][:, None]
+        saved = self.ctx.col("saved_b")[self.c[j]][:, None]
+        saving = self.ctx.col("saving")[self.c[j]][:, None]
+        k = in_flight(np.arange(p)[None, :], p, self.m[j][:, None], self.vpp[j][:, None])
+        cost = state + k * saved
+        free_layers = C / cost
+        with np.errstate(divide="ignore", invalid="ignore"):
+            most = np.where(cost > k * saving, C / (cost - k * saving), np.inf)
+            rho = cost / (k * saving)
+        room = np.maximum(0.0, most - free_layers)
+        excess = L - free_layers.sum(axis=1)
+        before = np.cumsum(room, axis=1) - room  # room of the stages filled earlier
+        placed = np.clip(excess[:, None] - before, 0.0, room)
+        needed = np.where(placed > 0, placed * rho, 0.0).sum(axis=1)
+        return np.where(excess <= 0, 0.0, np.where(room.sum(axis=1) >= excess, needed, np.inf))
 
     def floor_s(self, idx: np.ndarray) -> np.ndarray:
         """Per candidate, the least largest tail any split and recompute count can have: the
@@ -445,44 +481,73 @@ class _Tails:
         """Per candidate, whether some contiguous split into p stages of at most stage_width
         layers fits in memory, each stage at its least (as in fits): which layer boundaries the
         first i stages can reach, stage by stage (a boolean dynamic programme over every range
-        of every candidate at once)."""
+        of every candidate at once). The first stage starts at layer 0 and the last ends at L;
+        a middle stage's memory is affine in its in-flight micro-batches, so it is evaluated at
+        0 and 1 and scaled per stage."""
         L, cap = self.model.layers, self.cluster.gpu.memory_bytes
         width = space.stage_width(L, p)
-        a = np.arange(L)[None, :, None]
-        n = np.arange(1, width + 1)[None, None, :]
-        valid = a + n <= L
-        total, end = self._sums(j, [(a, np.minimum(a + n, L))])
-        params, expert = total("params"), total("expert")
-        saved_b, saved_f = total("saved_b"), total("saved_f")
-        shape = (-1, 1, 1)
-        transient = self.ctx.col("transient_bytes")[self.c[j]].reshape(shape)
-        prefetch = self.ctx.col("prefetch_bytes")[self.c[j]].reshape(shape)
-        full = self.full[j].reshape(shape)
+        n = np.arange(1, width + 1)
+        m = self.m[j][:, None]
+
+        def least(chunks, first, last, inflight):
+            total, end = self._sums(j, chunks)
+            kept = self._memory(j, total, end, first, last, inflight, "saved_b", False)
+            if not self.full[j].any():
+                return kept
+            rebuilt = self._memory(j, total, end, first, last, inflight, "saved_f", True)
+            return np.where(self.full[j].reshape(-1, *(1,) * (kept.ndim - 1)), np.minimum(kept, rebuilt), kept)
+
+        def fits(memory):
+            return memory * (1 - SAFETY) <= cap
+
         reach = np.zeros((len(j), L + 1), dtype=bool)
         reach[:, 0] = True
-        for stage in range(p):
-            first, last = stage == 0, stage == p - 1
-            dense = params + first * end("emb_params") + last * (end("head_params") - self.tied[j].reshape(shape))
-            inflight = in_flight(stage, p, self.m[j].reshape(shape), 1)
-            head = last * end("head_saved")
-            least = np.full(params.shape, np.inf)
-            for zero in ZEROS:
-                zs = self.zero[j] == zero
-                if not zs.any():
-                    continue
-                args = (zero, dense[zs], expert[zs], self.shards[j][zs].reshape(shape),
-                        self.eshards[j][zs].reshape(shape), inflight[zs])
-                kept = sum(stage_memory(*args, saved_b[zs] + first * end("emb_saved")[zs], head[zs], 0.0,
-                                        prefetch[zs]))
-                rebuilt = sum(stage_memory(*args, saved_f[zs] + first * end("emb_saved")[zs], head[zs],
-                                           transient[zs], prefetch[zs]))
-                least[zs] = np.where(full[zs], np.minimum(kept, rebuilt), kept)
-            fits = valid & (least * (1 - SAFETY) <= cap)
-            nxt = np.zeros_like(reach)
-            for size in range(1, width + 1):
-                nxt[:, size:] |= reach[:, :L + 1 - size] & fits[:, :L + 1 - size, size - 1]
-            reach = nxt
-        return reach[:, L]
+        head = fits(least([(0 * n[None, :], n[None, :])], True, False, in_flight(0, p, m, 1)))
+        reach[:, n] = head & (n <= L - (p - 1))
+        if p > 2:
+            a = np.arange(L)[None, :, None]
+            chunks = [(a, np.minimum(a + n[None, None, :], L))]
+            valid = (a + n[None, None, :] <= L)
+            total, end = self._sums(j, chunks)
+            kept = [self._memory(j, total, end, False, False, k, "saved_b", False) for k in (0.0, 1.0)]
+            rebuilt = [self._memory(j, total, end, False, False, k, "saved_f", True) for k in (0.0, 1.0)]
+            full = self.full[j][:, None, None]
+            for stage in range(1, p - 1):
+                k = in_flight(stage, p, self.m[j], 1)[:, None, None]
+                memory = kept[0] + k * (kept[1] - kept[0])
+                memory = np.where(full, np.minimum(memory, rebuilt[0] + k * (rebuilt[1] - rebuilt[0])), memory)
+                ok = valid & fits(memory)
+                nxt = np.zeros_like(reach)
+                for size in range(1, width + 1):
+                    nxt[:, size:] |= reach[:, :L + 1 - size] & ok[:, :L + 1 - size, size - 1]
+                reach = nxt
+        tail = fits(least([(L - n[None, :], L + 0 * n[None, :])], False, True, in_flight(p - 1, p, m, 1)))
+        return np.any(reach[:, L - n] & tail & (n <= L - 1), axis=1)
+
+    def _memory(self, j: np.ndarray, total, end, first, last, inflight, saved_key: str, rebuilt: bool,
+                less_saved=0.0) -> np.ndarray:
+        """Peak memory of candidates j's stage over the ranges `total` sums (cost/step's
+        stage_memory): the first and/or the last stage, `inflight` micro-batches in flight,
+        activations from prefix `saved_key` less `less_saved` per micro-batch, and the rebuild
+        buffer of a recomputed layer when `rebuilt`."""
+        dense = total("params")
+        extra = (1,) * (dense.ndim - 1)
+        dense = dense + first * end("emb_params") + last * (end("head_params") - self.tied[j].reshape(-1, *extra))
+        saved = total(saved_key) + first * end("emb_saved") - less_saved
+        head = last * end("head_saved")
+        transient = self.ctx.col("transient_bytes")[self.c[j]].reshape(-1, *extra) * rebuilt
+        prefetch = self.ctx.col("prefetch_bytes")[self.c[j]].reshape(-1, *extra)
+        expert = total("expert")
+        shape = np.broadcast_shapes(dense.shape, saved.shape, np.shape(inflight), np.shape(head))
+        inflight, head = np.broadcast_to(inflight, shape), np.broadcast_to(head, shape)
+        out = np.zeros(shape)
+        for zero in ZEROS:
+            zs = self.zero[j] == zero
+            if zs.any():
+                out[zs] = sum(stage_memory(zero, dense[zs], expert[zs], self.shards[j][zs].reshape(-1, *extra),
+                                           self.eshards[j][zs].reshape(-1, *extra), inflight[zs], saved[zs],
+                                           head[zs], transient[zs], prefetch[zs]))
+        return out
 
     def _fixed_groups(self, idx: np.ndarray):
         """(pp, vpp, positions in idx) of the fixed-split candidates, grouped."""
@@ -498,28 +563,12 @@ class _Tails:
         chunks, sizes = even_chunks(self.model.layers, p, v)
         total, end = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
         stage = np.arange(p)[None, :]
-        first, last = stage == 0, stage == p - 1
-        dense = total("params") + first * end("emb_params") + last * (end("head_params") - self.tied[j][:, None])
-        inflight = in_flight(stage, p, self.m[j][:, None], v)
-        head = last * end("head_saved")
-        transient = self.ctx.col("transient_bytes")[self.c[j]][:, None]
-        prefetch = self.ctx.col("prefetch_bytes")[self.c[j]][:, None]
+        args = (j, total, end, stage == 0, stage == p - 1, in_flight(stage, p, self.m[j][:, None], v))
+        kept = self._memory(*args, "saved_b", False)
+        rebuilt = self._memory(*args, "saved_f", True)
+        buffered = self._memory(*args, "saved_b", True)
         saving = self.ctx.col("saving")[self.c[j]][:, None]
-        kept, rebuilt, buffered, step = (np.zeros((len(j), p)) for _ in range(4))
-        for zero in ZEROS:
-            zs = self.zero[j] == zero
-            if not zs.any():
-                continue
-            col = (zs, slice(None))
-            args = (zero, dense[col], total("expert")[col], self.shards[j][zs][:, None],
-                    self.eshards[j][zs][:, None], inflight[col])
-            saved = total("saved_b")[col] + first * end("emb_saved")[col]
-            kept[zs] = sum(stage_memory(*args, saved, head[col], 0.0, prefetch[col]))
-            rebuilt[zs] = sum(stage_memory(*args, total("saved_f")[col] + first * end("emb_saved")[col], head[col],
-                                           transient[col], prefetch[col]))
-            buffered[zs] = sum(stage_memory(*args, saved, head[col], transient[col], prefetch[col]))
-            step[zs] = buffered[zs] - sum(stage_memory(*args, saved - saving[col], head[col], transient[col],
-                                                       prefetch[col]))
+        step = buffered - self._memory(*args, "saved_b", True, saving)
         return kept, rebuilt, buffered, step, np.broadcast_to(sizes, (len(j), p))
 
     def _fixed_recompute(self, idx: np.ndarray):
