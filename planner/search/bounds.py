@@ -42,6 +42,8 @@ from planner.spec.training import TrainingSetup
 SAFETY = 1e-9
 """relative slack on every bound and floor: the closed forms round differently from the pricing"""
 ZEROS = (0, 1, 2, 3)
+SLICE = 256
+"""candidates whose per-range memory tables are built at once (bounds the arrays' size)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,7 +418,7 @@ class _Tails:
         with np.errstate(divide="ignore", invalid="ignore"):
             most = np.where(cost > k * saving, C / (cost - k * saving), np.inf)
             rho = cost / (k * saving)
-        room = np.maximum(0.0, most - free_layers)
+        room = np.clip(most - free_layers, 0.0, L)  # no stage takes more than all the layers
         excess = L - free_layers.sum(axis=1)
         before = np.cumsum(room, axis=1) - room  # room of the stages filled earlier
         placed = np.clip(excess[:, None] - before, 0.0, room)
@@ -474,7 +476,8 @@ class _Tails:
         pp, free = self.pp[idx], ~self.fixed[idx]
         for p in sorted(set(pp[free].tolist()) - {1}):
             sel = np.nonzero(free & (pp == p))[0]
-            out[sel] = self._split_exists(idx[sel], p)
+            for part in range(0, len(sel), SLICE):  # arrays of (candidates, layers, width)
+                out[sel[part:part + SLICE]] = self._split_exists(idx[sel[part:part + SLICE]], p)
         return out
 
     def _split_exists(self, j: np.ndarray, p: int) -> np.ndarray:
