@@ -244,3 +244,65 @@ def test_constraints_are_honoured():
     best = search(model, CLUSTER, setup, fixed).best.strategy
     assert (best.tp, best.pp, best.micro_batch, best.zero) == (2, 2, 1, 1)
     assert math.prod((best.dp, best.tp, best.pp, best.cp)) == 16
+
+
+# --- memory-tight instances: the floors, fit tests and recompute bounds against brute force ---
+
+def _tight_cluster(memory_gib: float):
+    from dataclasses import replace
+    return replace(CLUSTER, gpu=replace(CLUSTER.gpu, memory_bytes=memory_gib * 1024**3))
+
+
+def brute_force_tight(model, cluster, setup, fixed):
+    """Best step over every degree, micro-batch, vpp, mode, split and (recompute 'full') count of
+    recomputed layers per stage, tp and cp fixed to 1, priced with `estimate`."""
+    best = None
+    for pp in range(1, model.layers + 1):
+        if setup.gpus % pp:
+            continue
+        dp = setup.gpus // pp
+        for mb in range(1, setup.global_batch + 1):
+            if setup.global_batch % (dp * mb):
+                continue
+            m = setup.global_batch // (dp * mb)
+            for vpp in range(1, space.MAX_VPP + 1):
+                if vpp > 1 and (pp == 1 or m % pp or pp * vpp > model.layers):
+                    continue
+                for mode in ("none", "selective", "full"):
+                    s = Strategy(dp=dp, pp=pp, vpp=vpp, micro_batch=mb, zero=fixed["zero"], recompute=mode,
+                                 order=fixed["order"], schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+                    if strategy_problems(s, model, setup):
+                        continue
+                    for bounds in _splits(model.layers, pp, vpp):
+                        sizes = [sum(b - a for a, b in bounds[i::pp]) for i in range(pp)]
+                        counts = itertools.product(*(range(n + 1) for n in sizes)) if mode == "full" else [None]
+                        for count in counts:
+                            est = estimate(model, cluster, setup, s, bounds=bounds, recompute_layers=count)
+                            if est.fits and (best is None or est.step_time_s < best):
+                                best = est.step_time_s
+    return best
+
+
+@st.composite
+def tight_instances(draw):
+    model = ModelSpec(name="tight", layers=draw(st.integers(2, 6)), hidden=1024, heads=8, kv_heads=8,
+                      ffn_hidden=draw(st.sampled_from([2048, 4096])), vocab=32000, ffn_act="swiglu", seq_len=4096)
+    setup = TrainingSetup(gpus=draw(st.sampled_from([2, 4])), global_batch=draw(st.sampled_from([4, 8])),
+                          seq_len=draw(st.sampled_from([2048, 4096])))
+    fixed = {"order": "tp-cp-ep-dp-pp", "tp": 1, "cp": 1, "zero": draw(st.sampled_from([0, 1, 3]))}
+    return model, _tight_cluster(draw(st.sampled_from([2.2, 2.5, 2.8, 3.2, 4.0]))), setup, fixed
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tight_instances())
+def test_search_equals_brute_force_when_memory_is_tight(instance):
+    """Where recomputation and uneven splits are needed to fit, the pruning by memory floors,
+    fit tests and recompute floors still keeps the best strategy."""
+    model, cluster, setup, fixed = instance
+    result = search(model, cluster, setup, fixed)
+    expected = brute_force_tight(model, cluster, setup, fixed)
+    if expected is None:
+        assert result.best is None
+        return
+    assert result.proven_optimal
+    assert result.best.step_time_s == pytest.approx(expected, rel=1e-9)
