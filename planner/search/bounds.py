@@ -105,6 +105,8 @@ class _Context:
     prefetch_bytes: float
     per: np.ndarray
     """prefix sums of a layer's stage time without ZeRO, recompute counts and p2p"""
+    layer_s: float
+    """the least stage time of one layer (per's steps)"""
     first_s: float
     last_s: float
 
@@ -148,7 +150,7 @@ def _context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, 
         least_saved=float(saved.min()), kinds=tuple(sorted(set(zip(K["params"].tolist(), K["expert"].tolist())))),
         saved_b=float(K["saved_b"].min()), saving=float((K["saved_b"] - K["saved_f"]).max()),
         rec_cost_s=float(K["rec_f"].min()), prefix=P, ends=E, transient_bytes=tab.transient_bytes,
-        prefetch_bytes=tab.prefetch_bytes, per=per, first_s=E["emb_comp"] + E["emb_tp"],
+        prefetch_bytes=tab.prefetch_bytes, per=per, layer_s=float(np.diff(per).min()), first_s=E["emb_comp"] + E["emb_tp"],
         last_s=E["head_comp"] + E["head_tp"])
 
 
@@ -390,6 +392,9 @@ class _Tails:
             if p >= 3:
                 least = np.minimum(least, np.min(per[:, n + 1:L] - per[:, 1:L - n], axis=1))
             bottleneck[sel] = np.maximum(bottleneck[sel], least[back] + self.p2p[j])
+        for p in sorted(set(pp[free].tolist()) - {1}):
+            sel = np.nonzero(free & (pp == p))[0]
+            bottleneck[sel] = np.maximum(bottleneck[sel], self._least_bottleneck(idx[sel], p) + self.p2p[idx[sel]])
         for p in sorted(set(pp[free & self.full[idx]].tolist()) - {1}):
             sel = np.nonzero(free & self.full[idx] & (pp == p))[0]
             j = idx[sel]
@@ -398,6 +403,43 @@ class _Tails:
             sigma[sel] += extra
             bottleneck[sel] = np.maximum(bottleneck[sel], sigma[sel] / p)
         return pipeline_floor_s(bottleneck, sigma, self.m[idx], self.vpp[idx])
+
+    def _least_bottleneck(self, j: np.ndarray, p: int) -> np.ndarray:
+        """Least largest stage time of any split that fits, as a bisection on T over fractional
+        splits: with a layer's least time tau, stage i holds up to T / tau layers while
+        u_i = C / (state + k_i saved) of them fit as they are; beyond u_i (recompute 'full'
+        only) each extra layer needs rho_i = (state + k_i saved) / (k_i saving) recomputed
+        layers of at least `rec` seconds, so the stage holds up to (T + rho_i rec u_i) /
+        (tau + rho_i rec) layers, and never more than C / (state + k_i (saved - saving)) nor
+        the stage width. T is feasible when the stages can hold all L layers (per-layer minima
+        of the model, the embedding and the head left out: a lower bound)."""
+        L = self.model.layers
+        C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
+        c = self.c[j]
+        state = self.least_state[j][:, None]
+        saved, saving = self.ctx.col("saved_b")[c][:, None], self.ctx.col("saving")[c][:, None]
+        tau, rec = self.ctx.col("layer_s")[c][:, None], self.ctx.col("rec_cost_s")[c][:, None]
+        full = self.full[j][:, None]
+        k = in_flight(np.arange(p)[None, :], p, self.m[j][:, None], 1)
+        cost = state + k * saved
+        free_layers = C / cost
+        with np.errstate(divide="ignore", invalid="ignore"):
+            most = np.where(full & (cost > k * saving), C / (cost - k * saving), np.where(full, L, free_layers))
+            rho = np.where(full & (saving > 0), cost / (k * saving), np.inf)
+        most = np.minimum(most, space.stage_width(L, p))
+
+        def held(T):
+            with np.errstate(invalid="ignore"):
+                beyond = np.where(np.isfinite(rho), (T + rho * rec * free_layers) / (tau + rho * rec), free_layers)
+            return np.minimum(most, np.where(T <= free_layers * tau, T / tau, beyond)).sum(axis=1)
+
+        lo, hi = L * tau[:, 0] / p, L * (tau[:, 0] + np.where(self.full[j], rec[:, 0], 0.0)) * 1.0 + tau[:, 0]
+        feasible = held(hi[:, None]) >= L * (1 - SAFETY)
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            ok = held(mid[:, None]) >= L * (1 - SAFETY)
+            hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
+        return np.where(feasible, lo * (1 - SAFETY), np.inf)
 
     def _least_recompute(self, j: np.ndarray, p: int) -> np.ndarray:
         """Least count of recomputed layers any split needs to fit, as a linear programme
