@@ -365,7 +365,8 @@ class _Tails:
         """The pipeline part of the bound, tightened. Where the split is free, some stage holds
         at least n = ceil(L/p) layers, so the bottleneck is at least the least time of such a
         range at the first, the last or a middle stage (without the terms that need ZeRO or
-        recompute counts; a stage's time only grows with its layers). Where it is fixed and the
+        recompute counts; a stage's time only grows with its layers), and at least the first
+        stage's time with layer 0 and the last's with layer L-1. Where it is fixed and the
         mode is 'full', each stage's least recomputation that fits (_fixed_recompute) adds to
         its time and, beyond the model-wide recompute floor, to the sum."""
         L = self.model.layers
@@ -391,7 +392,10 @@ class _Tails:
                                per[:, L] - per[:, L - n] + self.ctx.col("last_s")[used])
             if p >= 3:
                 least = np.minimum(least, np.min(per[:, n + 1:L] - per[:, 1:L - n], axis=1))
-            bottleneck[sel] = np.maximum(bottleneck[sel], least[back] + self.p2p[j])
+            # and the first stage holds layer 0 and the embedding, the last layer L-1 and the head
+            ends = np.maximum(per[:, 1] + self.ctx.col("first_s")[used],
+                              per[:, L] - per[:, L - 1] + self.ctx.col("last_s")[used])
+            bottleneck[sel] = np.maximum(bottleneck[sel], np.maximum(least, ends)[back] + self.p2p[j])
         for p in sorted(set(pp[free].tolist()) - {1}):
             sel = np.nonzero(free & (pp == p))[0]
             bottleneck[sel] = np.maximum(bottleneck[sel], self._least_bottleneck(idx[sel], p) + self.p2p[idx[sel]])
