@@ -415,8 +415,9 @@ class _Tails:
         only) each extra layer needs rho_i = (state + k_i saved) / (k_i saving) recomputed
         layers of at least `rec` seconds, so the stage holds up to (T + rho_i rec u_i) /
         (tau + rho_i rec) layers, and never more than C / (state + k_i (saved - saving)) nor
-        the stage width. T is feasible when the stages can hold all L layers (per-layer minima
-        of the model, the embedding and the head left out: a lower bound)."""
+        the stage width; the first and last stages have T less the embedding's and the head's
+        time; a stage holds whole layers. T is feasible when the stages can hold all L layers
+        (per-layer minima of the model, the ends' memory left out: a lower bound)."""
         L = self.model.layers
         C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
         c = self.c[j]
@@ -432,12 +433,20 @@ class _Tails:
             rho = np.where(full & (saving > 0), cost / (k * saving), np.inf)
         most = np.minimum(most, space.stage_width(L, p))
 
+        # the first stage also runs the embedding and the last the LM head
+        ends = np.zeros((len(j), p))
+        ends[:, 0] += self.ctx.col("first_s")[c]
+        ends[:, -1] += self.ctx.col("last_s")[c]
+
         def held(T):
+            T = np.maximum(T - ends, 0.0)
             with np.errstate(invalid="ignore"):
                 beyond = np.where(np.isfinite(rho), (T + rho * rec * free_layers) / (tau + rho * rec), free_layers)
-            return np.minimum(most, np.where(T <= free_layers * tau, T / tau, beyond)).sum(axis=1)
+            # whole layers: a stage holds at most the integer part (a hair of slack for rounding)
+            return np.floor(np.minimum(most, np.where(T <= free_layers * tau, T / tau, beyond)) + 1e-9).sum(axis=1)
 
-        lo, hi = L * tau[:, 0] / p, L * (tau[:, 0] + np.where(self.full[j], rec[:, 0], 0.0)) * 1.0 + tau[:, 0]
+        lo = L * tau[:, 0] / p
+        hi = L * (tau[:, 0] + np.where(self.full[j], rec[:, 0], 0.0)) + tau[:, 0] + ends.max(axis=1)
         feasible = held(hi[:, None]) >= L * (1 - SAFETY)
         for _ in range(40):
             mid = (lo + hi) / 2
