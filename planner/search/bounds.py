@@ -679,8 +679,10 @@ class _Tails:
 
 def pipeline_floor_s(bottleneck, sigma, m, v):
     """(m - 1/v) * max t + sum t / v (cost/pipeline.py) at its least: max t >= `bottleneck`,
-    sum t >= `sigma`."""
-    return ((m - 1.0 / v) * bottleneck + sigma / v) * (1 - SAFETY)
+    sum t >= `sigma`; infinite where no split fits (an infinite bottleneck, even with m = 1)."""
+    with np.errstate(invalid="ignore"):
+        value = ((m - 1.0 / v) * bottleneck + sigma / v) * (1 - SAFETY)
+    return np.where(np.isinf(bottleneck) | np.isinf(sigma), np.inf, value)
 
 
 def inverse_in_flight_sum(state, saved, pp, m, v):
