@@ -564,11 +564,23 @@ class _Tails:
         reach[:, n] = head & (n <= L - (p - 1))
         if p > 2:
             a = np.arange(L)[None, :, None]
-            chunks = [(a, np.minimum(a + n[None, None, :], L))]
             valid = (a + n[None, None, :] <= L)
-            total, end = self._sums(j, chunks)
-            kept = [self._memory(j, total, end, False, False, k, "saved_b", False) for k in (0.0, 1.0)]
-            rebuilt = [self._memory(j, total, end, False, False, k, "saved_f", True) for k in (0.0, 1.0)]
+            ranges = np.minimum(a + n[None, None, :], L)
+
+            def middle(saved_key, rebuilt, k):
+                """A middle stage's memory over every range [a, a+n): affine in the layers' sums,
+                so the empty range plus prefix sums of each layer's increment."""
+                layer = np.arange(L)[None, :]
+                one = self._memory(j, *self._sums(j, [(layer, layer + 1)]), False, False, k, saved_key, rebuilt)
+                empty = self._memory(j, *self._sums(j, [(layer[:, :1], layer[:, :1])]), False, False, k,
+                                     saved_key, rebuilt)
+                steps = np.zeros((len(j), L + 1))
+                np.cumsum(one - empty, axis=1, out=steps[:, 1:])
+                rows = np.arange(len(j))[:, None, None]
+                return empty[:, :, None] + steps[rows, ranges] - steps[rows, a]
+
+            kept = [middle("saved_b", False, k) for k in (0.0, 1.0)]
+            rebuilt = [middle("saved_f", True, k) for k in (0.0, 1.0)]
             full = self.full[j][:, None, None]
             for stage in range(1, p - 1):
                 k = in_flight(stage, p, self.m[j], 1)[:, None, None]
