@@ -15,7 +15,7 @@ from planner.search import space, stages
 from planner.search.driver import search
 from planner.search.ilp import recompute_ilp
 from planner.spec.hardware import load_cluster
-from planner.spec.model import ModelSpec
+from planner.spec.model import ModelSpec, MoeSpec
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
 
 
@@ -285,15 +285,18 @@ def brute_force_tight(model, cluster, setup, fixed):
 
 @st.composite
 def tight_instances(draw):
+    # dense layers, or mixed ones (a dense layer first, then mixture-of-experts layers)
+    moe = draw(st.sampled_from([None, MoeSpec(experts=8, top_k=2, expert_ffn_hidden=2048, dense_layers=1)]))
     model = ModelSpec(name="tight", layers=draw(st.integers(2, 6)), hidden=1024, heads=8, kv_heads=8,
-                      ffn_hidden=draw(st.sampled_from([2048, 4096])), vocab=32000, ffn_act="swiglu", seq_len=4096)
+                      ffn_hidden=draw(st.sampled_from([2048, 4096])), vocab=32000, ffn_act="swiglu", seq_len=4096,
+                      moe=moe)
     setup = TrainingSetup(gpus=draw(st.sampled_from([2, 4])), global_batch=draw(st.sampled_from([4, 8])),
                           seq_len=draw(st.sampled_from([2048, 4096])))
-    fixed = {"order": "tp-cp-ep-dp-pp", "tp": 1, "cp": 1, "zero": draw(st.sampled_from([0, 1, 3]))}
-    return model, _tight_cluster(draw(st.sampled_from([2.2, 2.5, 2.8, 3.2, 4.0]))), setup, fixed
+    fixed = {"order": "tp-cp-ep-dp-pp", "tp": 1, "cp": 1, "ep": 1, "zero": draw(st.sampled_from([0, 1, 3]))}
+    return model, _tight_cluster(draw(st.sampled_from([2.2, 2.5, 2.8, 3.2, 4.0, 80.0]))), setup, fixed
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tight_instances())
 def test_search_equals_brute_force_when_memory_is_tight(instance):
     """Where recomputation and uneven splits are needed to fit, the pruning by memory floors,

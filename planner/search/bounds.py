@@ -44,6 +44,8 @@ SAFETY = 1e-9
 ZEROS = (0, 1, 2, 3)
 SLICE = 256
 """candidates whose per-range memory tables are built at once (bounds the arrays' size)"""
+BISECTIONS = 30
+"""halvings of a bisected bound (its lower end is kept: valid however many)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +310,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
     bound = pipe + opt * (1 - SAFETY)
     order = np.argsort(bound, kind="stable")
     tails = _Tails(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
+                   mixed_layers=len(set(np.diff(ctx.prefix("per")[0]).round(15).tolist())) > 1,
                    **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
                                                    sigma=sigma, rec=rec, bottleneck=bottleneck, p2p=p2p,
                                                    least_state=least_state,
@@ -342,6 +345,8 @@ class _Tails:
     ctx: _Table
     coef: np.ndarray
     dp_overlap: bool
+    mixed_layers: bool
+    """whether the model's layers differ in time (dense and MoE layers)"""
     c: np.ndarray
     lay: np.ndarray
     pp: np.ndarray
@@ -398,7 +403,10 @@ class _Tails:
             bottleneck[sel] = np.maximum(bottleneck[sel], np.maximum(least, ends)[back] + self.p2p[j])
         for p in sorted(set(pp[free].tolist()) - {1}):
             sel = np.nonzero(free & (pp == p))[0]
-            bottleneck[sel] = np.maximum(bottleneck[sel], self._least_bottleneck(idx[sel], p) + self.p2p[idx[sel]])
+            least = self._least_bottleneck(idx[sel], p)
+            if self.mixed_layers:
+                least = np.maximum(least, self._greedy_bottleneck(idx[sel], p))
+            bottleneck[sel] = np.maximum(bottleneck[sel], least + self.p2p[idx[sel]])
         for p in sorted(set(pp[free & self.full[idx]].tolist()) - {1}):
             sel = np.nonzero(free & self.full[idx] & (pp == p))[0]
             j = idx[sel]
@@ -407,6 +415,38 @@ class _Tails:
             sigma[sel] += extra
             bottleneck[sel] = np.maximum(bottleneck[sel], sigma[sel] / p)
         return pipeline_floor_s(bottleneck, sigma, self.m[idx], self.vpp[idx])
+
+    def _greedy_bottleneck(self, j: np.ndarray, p: int) -> np.ndarray:
+        """Least largest stage time over contiguous splits whose stages may also be empty, with
+        each layer's own time (no ZeRO or recompute terms) and the ends' time on the first and
+        last stage: a bisection on T where each stage, in order, reaches as far as T allows
+        (reaching furthest is optimal: what a stage can hold, any part of it can too). Where
+        layers differ (dense and MoE layers) this is tighter than counting layers at the least
+        layer time."""
+        L, k = self.model.layers, len(j)
+        width = space.stage_width(L, p)
+        c = self.c[j]
+        row = np.arange(k)
+        per = self.ctx.prefix("per")[c]
+        first, last = self.ctx.col("first_s")[c], self.ctx.col("last_s")[c]
+        big = float(per[:, L].max()) * 2 + 1.0
+        flat = (per + row[:, None] * big).ravel()
+
+        def feasible(T):
+            a = np.zeros(k, dtype=int)
+            for stage in range(p):
+                budget = T - (first if stage == 0 else 0.0) - (last if stage == p - 1 else 0.0)
+                timed = np.searchsorted(flat, per[row, a] + budget + row * big, side="right") - 1 - row * (L + 1)
+                a = np.maximum(a, np.minimum(timed, a + width))
+            return a >= L
+
+        lo, hi = np.zeros(k), per[:, L] + first + last
+        ok = feasible(hi)
+        for _ in range(BISECTIONS):
+            mid = (lo + hi) / 2
+            fits = feasible(mid)
+            hi, lo = np.where(fits, mid, hi), np.where(fits, lo, mid)
+        return np.where(ok, lo * (1 - SAFETY), np.inf)
 
     def _least_bottleneck(self, j: np.ndarray, p: int) -> np.ndarray:
         """Least largest stage time of any split that fits, as a bisection on T over fractional
@@ -448,7 +488,7 @@ class _Tails:
         lo = L * tau[:, 0] / p
         hi = L * (tau[:, 0] + np.where(self.full[j], rec[:, 0], 0.0)) + tau[:, 0] + ends.max(axis=1)
         feasible = held(hi[:, None]) >= L * (1 - SAFETY)
-        for _ in range(40):
+        for _ in range(BISECTIONS):
             mid = (lo + hi) / 2
             ok = held(mid[:, None]) >= L * (1 - SAFETY)
             hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
