@@ -1,8 +1,9 @@
-"""`planner bench`: search speed on standard scenarios (median of repeats, process start and spec
-loading excluded), with the size of the space each search covered."""
+"""`planner bench`: search speed on standard scenarios (median of repeats, each in a fresh process
+with process start and spec loading excluded), with the size of the space each search covered."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -41,32 +42,43 @@ class BenchRow:
 
 def run_scenario(name: str, model_ref: str, cluster_ref: str, gpus: str, global_batch: int, seq_len: int,
                  repeats: int) -> BenchRow:
-    """One GPU count: the search itself. A range: the sweep `planner plan` runs (parallel
-    processes, one search per count)."""
+    """Median over `repeats` runs, each in a fresh process so that no cache of an earlier run
+    helps (what one `planner plan` meets); the time excludes process start and spec loading."""
+    runs = []
+    for _ in range(repeats):
+        args = json.dumps([model_ref, cluster_ref, gpus, global_batch, seq_len])
+        out = subprocess.run([sys.executable, "-c", f"from planner.bench import measure; measure({args!r})"],
+                             check=True, capture_output=True, text=True)
+        runs.append(json.loads(out.stdout))
+    stats, best = runs[0]["stats"], [b for b in runs[0]["best"] if b is not None]
+    return BenchRow(name=name, counts=runs[0]["counts"], considered=sum(s["considered"] for s in stats),
+                    pruned_memory=sum(s["pruned_memory"] for s in stats),
+                    pruned_bound=sum(s["pruned_bound"] for s in stats), priced=sum(s["priced"] for s in stats),
+                    median_s=statistics.median(r["time_s"] for r in runs), best_step_s=min(best) if best else None,
+                    proven_optimal=all(s["proven_optimal"] for s in stats))
+
+
+def measure(args: str) -> None:
+    """One timed run (in a child process): one GPU count is the search itself; a range is the
+    sweep `planner plan` runs (parallel processes, one search per count). Prints JSON."""
+    model_ref, cluster_ref, gpus, global_batch, seq_len = json.loads(args)
     model, cluster = load_model(model_ref), load_cluster(cluster_ref)
     counts = parse_gpu_counts(gpus, cluster.gpus_per_node)
-    times, stats = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        if len(counts) == 1:
-            try:
-                result = search(model, cluster, TrainingSetup(gpus=counts[0], global_batch=global_batch,
-                                                              seq_len=seq_len))
-                stats = [(result.summary(), result.best.step_time_s if result.best else None)]
-            except PlannerError:
-                stats = []
-        else:
-            request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len, precision="bf16",
-                           attention="flash", runtime="any", constraints={}, top=0)
-            entries = sweep(request, counts)
-            stats = [(e["plan"]["search"], e["plan"]["prediction"]["step_time_s"]) for e in entries if "plan" in e]
-        times.append(time.perf_counter() - start)
-    best = [step for _, step in stats if step is not None]
-    return BenchRow(name=name, counts=len(counts), considered=sum(s["considered"] for s, _ in stats),
-                    pruned_memory=sum(s["pruned_memory"] for s, _ in stats),
-                    pruned_bound=sum(s["pruned_bound"] for s, _ in stats), priced=sum(s["priced"] for s, _ in stats),
-                    median_s=statistics.median(times), best_step_s=min(best) if best else None,
-                    proven_optimal=all(s["proven_optimal"] for s, _ in stats))
+    start = time.perf_counter()
+    if len(counts) == 1:
+        try:
+            result = search(model, cluster, TrainingSetup(gpus=counts[0], global_batch=global_batch, seq_len=seq_len))
+            found = [(result.summary(), result.best.step_time_s if result.best else None)]
+        except PlannerError:
+            found = []
+    else:
+        request = {"model": model, "cluster": cluster, "global_batch": global_batch, "seq_len": seq_len,
+                   "precision": "bf16", "attention": "flash", "runtime": "any", "constraints": {}, "top": 0}
+        found = [(e["plan"]["search"], e["plan"]["prediction"]["step_time_s"])
+                 for e in sweep(request, counts) if "plan" in e]
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"time_s": elapsed, "counts": len(counts), "stats": [f[0] for f in found],
+                      "best": [f[1] for f in found]}))
 
 
 def plan_command_wall_s(repeats: int) -> float:

@@ -211,7 +211,8 @@ def fit_table(result) -> None:
 
 
 def bench_table(doc: dict) -> None:
-    t = Table(title=f"search speed (median; target {doc['target_s']:.0f} s per scenario)", title_justify="left")
+    t = Table(title=f"search speed in a fresh process (median; target {doc['target_s']:.0f} s per scenario)",
+              title_justify="left")
     for col in ("scenario", "GPU counts", "candidates", "pruned (memory)", "pruned (bound)", "priced", "time",
                 "best step", "proven"):
         t.add_column(col, justify="left" if col == "scenario" else "right")

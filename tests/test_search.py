@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from planner.cost.pipeline import in_flight
 from planner.cost.step import estimate
-from planner.search.bounds import inverse_in_flight_sum
+from planner.search.bounds import inverse_in_flight_sum, reciprocal_run
 from planner.search import space, stages
 from planner.search.driver import search
 from planner.search.ilp import recompute_ilp
@@ -30,6 +30,14 @@ def test_inverse_in_flight_sum_is_the_sum_over_stages(pp, m, v, state, saved):
     direct = float(np.sum(1.0 / (state + k * saved)))
     assert inverse_in_flight_sum(state, saved, pp, m, v) == pytest.approx(direct, rel=1e-10)
     assert float(np.sum(1.0 / k)) == pytest.approx(inverse_in_flight_sum(0.0, 1.0, pp, m, v), rel=1e-10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.floats(1e-3, 1e9), n=st.integers(0, 300))
+def test_reciprocal_run_is_the_direct_sum(x, n):
+    """The shifted asymptotic series equals summing 1 / (x + i), i < n, to 1e-12."""
+    direct = math.fsum(1.0 / (x + i) for i in range(n))
+    assert float(reciprocal_run(x, n)) == pytest.approx(direct, rel=1e-12, abs=1e-300)
 
 
 # --- the stage-split DP against every composition ------------------------------------------

@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
-from scipy.special import digamma
 
 from planner.cost import comm, compute, memory
 from planner.cost.pipeline import even_chunks, in_flight
@@ -741,7 +740,7 @@ def inverse_in_flight_sum(state, saved, pp, m, v):
     """sum_i 1 / (state + k_i * saved) over the stages i of a pipeline, k_i the micro-batches in
     flight on stage i (cost/pipeline.in_flight), in closed form: the k_i not capped by m form an
     arithmetic progression c0 + c1*j (1F1B: 1, 2, ..; interleaved: ((v-1)p + 1 + 2j) / v), whose
-    sum of reciprocals is (digamma(x + n) - digamma(x)) / (saved * c1), x = (state/saved + c0)/c1;
+    sum of reciprocals is reciprocal_run(x, n) / (saved * c1), x = (state/saved + c0)/c1;
     the capped ones each add 1 / (state + m * saved). Arrays broadcast."""
     state, saved = np.asarray(state, dtype=float), np.asarray(saved, dtype=float)
     pp, m, v = (np.asarray(x, dtype=float) for x in (pp, m, v))
@@ -750,10 +749,31 @@ def inverse_in_flight_sum(state, saved, pp, m, v):
     c1 = np.where(one, 1.0, 2.0 / v)
     n = np.where(one, np.minimum(pp, m), np.clip(np.floor((m * v - (v - 1) * pp - 1) / 2) + 1, 0, pp))
     with np.errstate(divide="ignore", invalid="ignore"):
-        x = (state / saved + c0) / c1
-        progression = np.where(saved > 0, (digamma(x + n) - digamma(x)) / (saved * c1), n / state)
+        x = np.where(saved > 0, (state / saved + c0) / c1, 1.0)
+        progression = np.where(saved > 0, reciprocal_run(x, n) / (saved * c1), n / state)
         capped = (pp - n) / (state + m * saved)
     return progression + capped
+
+
+def reciprocal_run(x, n):
+    """sum_{i=0}^{n-1} 1 / (x + i) = digamma(x + n) - digamma(x) for x > 0 (arrays): both ends
+    are shifted up to x >= 20 (digamma(x + 1) = digamma(x) + 1/x), then the asymptotic series
+    ln(x) - 1/(2x) - 1/(12x^2) + 1/(120x^4) - 1/(252x^6) + 1/(240x^8) is differenced, its
+    logarithms as log1p(n / x) so that nothing cancels (truncation error below 1e-15)."""
+    x, n = np.broadcast_arrays(np.asarray(x, dtype=float), np.asarray(n, dtype=float))
+    total = np.zeros(x.shape)
+    for _ in range(20):
+        small = x < 20
+        if not small.any():
+            break
+        total = total + np.where(small, 1.0 / x - 1.0 / (x + n), 0.0)
+        x = np.where(small, x + 1.0, x)
+
+    def tail(y):
+        inv = 1.0 / (y * y)
+        return -0.5 / y - inv * (1 / 12 - inv * (1 / 120 - inv * (1 / 252 - inv / 240)))
+
+    return total + np.log1p(n / x) + tail(x + n) - tail(x)
 
 
 def even_split_max(ctx: _Table, c: np.ndarray, pp: np.ndarray, v: np.ndarray, layers: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Integer programmes (pulp models) for coupled discrete choices, solved in process by HiGHS
-(scipy.optimize.milp) or by CBC through pulp (`--solver cbc`, a subprocess per solve).
+(highspy) or by CBC through pulp (`--solver cbc`, a subprocess per solve).
 
 recompute_ilp: how many layers of each pipeline stage recompute fully. With x[i, r] = 1 when
 stage i recomputes r layers (one-hot per stage; r ranging over the values that fit in memory),
@@ -51,31 +51,49 @@ def _quiet_stdout():
 
 
 def _solve_highs(prob: pulp.LpProblem, time_limit_s: float) -> tuple[dict, bool]:
-    """Solve a pulp model with HiGHS in process (scipy.optimize.milp): no subprocess, no output."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    """Solve a pulp model with HiGHS in process (highspy): no subprocess, and its banner kept off
+    stdout."""
+    import highspy
 
     variables = prob.variables()
     index = {v.name: k for k, v in enumerate(variables)}
-    c = np.zeros(len(variables))
+    with _quiet_stdout():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    inf = h.getInfinity()
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = len(variables), len(prob.constraints)
+    cost = np.zeros(len(variables))
     for var, coef in prob.objective.items():
-        c[index[var.name]] = coef
-    rows, lo, hi = [], [], []
+        cost[index[var.name]] = coef
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.array([-inf if v.lowBound is None else v.lowBound for v in variables], dtype=float)
+    lp.col_upper_ = np.array([inf if v.upBound is None else v.upBound for v in variables], dtype=float)
+    starts, cols, values, lower, upper = [0], [], [], [], []
     for con in prob.constraints.values():
-        row = np.zeros(len(variables))
         for var, coef in con.items():
-            row[index[var.name]] = coef
+            cols.append(index[var.name])
+            values.append(coef)
+        starts.append(len(cols))
         rhs = -con.constant
-        rows.append(row)
-        lo.append(rhs if con.sense in (pulp.LpConstraintEQ, pulp.LpConstraintGE) else -np.inf)
-        hi.append(rhs if con.sense in (pulp.LpConstraintEQ, pulp.LpConstraintLE) else np.inf)
-    integrality = np.array([1 if v.cat == pulp.LpInteger else 0 for v in variables])
-    bounds = Bounds([-np.inf if v.lowBound is None else v.lowBound for v in variables],
-                    [np.inf if v.upBound is None else v.upBound for v in variables])
-    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=integrality, bounds=bounds,
-               options={"time_limit": time_limit_s, "disp": False})
-    if res.x is None:
-        raise SolverError(f"HiGHS found no solution ({res.message})")
-    return {v.name: res.x[index[v.name]] for v in variables}, res.status == 0
+        lower.append(rhs if con.sense in (pulp.LpConstraintEQ, pulp.LpConstraintGE) else -inf)
+        upper.append(rhs if con.sense in (pulp.LpConstraintEQ, pulp.LpConstraintLE) else inf)
+    lp.row_lower_, lp.row_upper_ = np.array(lower, dtype=float), np.array(upper, dtype=float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+    lp.a_matrix_.index_ = np.array(cols, dtype=np.int32)
+    lp.a_matrix_.value_ = np.array(values, dtype=float)
+    lp.integrality_ = [highspy.HighsVarType.kInteger if v.cat == pulp.LpInteger else highspy.HighsVarType.kContinuous
+                       for v in variables]
+    h.passModel(lp)
+    with _quiet_stdout():
+        h.run()
+    status = h.getModelStatus()
+    if h.getInfo().primal_solution_status != 2:  # 2: a feasible solution
+        raise SolverError(f"HiGHS found no solution ({h.modelStatusToString(status)})")
+    x = h.getSolution().col_value
+    return {v.name: x[index[v.name]] for v in variables}, status == highspy.HighsModelStatus.kOptimal
 
 
 def solve(prob: pulp.LpProblem, solver: str, time_limit_s: float) -> tuple[dict, bool]:
