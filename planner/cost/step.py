@@ -244,7 +244,10 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
         return [layer_cost(k, ctx, cluster, precision, tp_span, cp_span, ep_span) if k.experts
                 else layer_cost(k, dense_ctx, cluster, precision, tp_span, cp_span, no_group) for k in kinds]
 
-    base_costs, full_costs = costs(base_mode), costs("full")
+    # only strategies with recompute 'full' read the full-recompute rows, and their base mode is
+    # 'none': a 'selective' table never recomputes a layer fully, so its rows repeat the base's
+    base_costs = costs(base_mode)
+    full_costs = costs("full") if base_mode == "none" else base_costs
     rows = {
         "comp": [c.fwd + c.bwd for c in base_costs], "fwd": [c.fwd for c in base_costs],
         "bwd": [c.bwd for c in base_costs], "tp": [c.tp for c in base_costs], "cp": [c.cp for c in base_costs],
