@@ -11,6 +11,14 @@ and max_i tail_i >= the optimizer step of the stage holding the most parameters.
 Vectorised: the cost model prices each layer context (tp, cp, ep, micro-batch, recompute mode)
 once; every candidate (one row per outer choice, times its ZeRO stages and vpps) is then
 bounded by array arithmetic over those contexts, with no Python object per candidate.
+
+Refinement (_Tails, a batch of candidates at a time, in bound order): the largest tail is at
+least the least tail the first or last stage, or a stage holding ceil(L/p) layers, can have;
+the bottleneck of a free split is at least the least bottleneck of fractional splits whose
+stages respect memory (recomputing where 'full' allows) and, where layers differ, of contiguous
+splits by their own layer times; a fixed split recomputes at least what each stage needs to
+fit; and a candidate none of whose splits fits (an exact reachability test over ranges) is
+dropped before it is priced.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 Branch and bound over the outer choices (degrees, micro-batch, interleaving, ZeRO, recompute
 mode, rank order): search/bounds.py gives every choice a lower bound valid for every stage split
-and recompute count, and a memory floor. Choices are priced in the order of their bounds (a
-popped bound is refined once with the first and last stages' least tails); the search stops
-when the next bound is no better than the best plan that fits, so what it returns is the best
-in the space of search/space.py under the cost model, with each 1F1B split from the exact DP
-(search/stages.py) and each recompute count from the ILP (search/ilp.py).
+and recompute count, and a memory floor. Choices are priced in the order of their bounds, each
+batch of them refined (vectorised) before its first pop: tail floors, the bottleneck under
+memory, and whether any split fits (_BoundOrder). The search stops when the next bound is no
+better than the best plan that fits, so what it returns is the best in the space of
+search/space.py under the cost model, with each 1F1B split from the exact DP (search/stages.py)
+and each recompute count from the ILP (search/ilp.py).
 """
 
 from __future__ import annotations
