@@ -524,7 +524,8 @@ class _Tails:
         excess = L - free_layers.sum(axis=1)
         before = np.cumsum(room, axis=1) - room  # room of the stages filled earlier
         placed = np.clip(excess[:, None] - before, 0.0, room)
-        needed = np.where(placed > 0, placed * rho, 0.0).sum(axis=1)
+        with np.errstate(invalid="ignore"):  # 0 * inf where a stage takes nothing
+            needed = np.where(placed > 0, placed * rho, 0.0).sum(axis=1)
         return np.where(excess <= 0, 0.0, np.where(room.sum(axis=1) >= excess, needed, np.inf))
 
     def floor_s(self, idx: np.ndarray) -> np.ndarray:
