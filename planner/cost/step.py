@@ -125,11 +125,18 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - FLASH_BWD_FACTOR * attn)
     ep_one = w.ep_collectives * comm.collective_time_s("all_to_all", w.ep_message_bytes, ep_span, cluster)
     recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]
-    none = layer_work(layer, replace(ctx, recompute="none"))
+    none = layer_work(layer, _variant(ctx, "none", ctx.ep))
     return LayerCost(fwd=fwd, bwd=bwd, recompute=recompute, tp=2 * tp_one, cp=cp, ep=2 * ep_one,
                      saved=w.saved.total, saved_main=w.saved.main, saved_none=none.saved.total,
                      params=w.params_local, expert_params=w.expert_params_local,
                      gemm_weights=w.gemm_weight_params)
+
+
+@lru_cache(maxsize=65536)
+def _variant(ctx: Ctx, recompute: str, ep: int) -> Ctx:
+    """ctx with another recompute mode and ep (cached: dataclasses.replace is slow, and the
+    cost model asks for the same few variants of every context)."""
+    return replace(ctx, recompute=recompute, ep=ep)
 
 
 @lru_cache(maxsize=8)
@@ -237,10 +244,10 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     peak = gpu.flops(precision)
     kinds, kind_index = _kinds(model)
     # a layer without experts does not depend on ep: one cache entry serves every ep
-    dense_base, no_group = replace(base, ep=1), Span(size=1, per_node=1, nodes=1)
+    no_group = Span(size=1, per_node=1, nodes=1)
 
     def costs(mode):
-        ctx, dense_ctx = replace(base, recompute=mode), replace(dense_base, recompute=mode)
+        ctx, dense_ctx = _variant(base, mode, base.ep), _variant(base, mode, 1)
         return [layer_cost(k, ctx, cluster, precision, tp_span, cp_span, ep_span) if k.experts
                 else layer_cost(k, dense_ctx, cluster, precision, tp_span, cp_span, no_group) for k in kinds]
 
