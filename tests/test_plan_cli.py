@@ -80,6 +80,16 @@ def test_infeasible_exits_3_and_leaves_no_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
+def test_infeasible_moe_says_what_the_closest_candidate_needs():
+    """Every candidate passes the first memory floor but no split fits: the refinement proves it
+    (deepseek-v3's mixed layers take the greedy bottleneck path) and a few candidates with the
+    least floors are priced to say what the closest would need."""
+    result = run("plan", "-m", "deepseek-v3", "-c", "dgx-h100", "--gpus", "128", "--global-batch", "1024",
+                 "--seq-len", "4096")
+    line = one_error_line(result, code=3)
+    assert "best candidate (" in line and "GiB per GPU" in line and "80.0 GiB" in line
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--gpus", "12", "--global-batch", "64"], "whole nodes"),
     (["-m", "bert-large", "--gpus", "512", "--global-batch", "3"], "global batch"),

@@ -68,6 +68,8 @@ class Bounds:
     bound_s: np.ndarray
     pipe_s: np.ndarray
     """the pipeline part of the bound (the rest is a floor of the largest tail)"""
+    floor_bytes: np.ndarray
+    """the memory floor of each candidate"""
     considered: int
     pruned_memory: int
     least_floor_bytes: float
@@ -258,7 +260,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
     eff = cluster.efficiency
     vpp_domain = sorted({v for vpps in vpp_sets for v in vpps})
     if not rows:
-        return Bounds(outer, *(np.zeros(0, dtype=int),) * 4, *(np.zeros(0),) * 2, considered, 0, float("inf"))
+        return Bounds(outer, *(np.zeros(0, dtype=int),) * 4, *(np.zeros(0),) * 3, considered, 0, float("inf"))
     table = np.array(rows, dtype=float)
     c, lay, pp, shards, eshards, m = (table[:, k].astype(int) for k in range(6))
     p2p, tied, full = table[:, 6], table[:, 7], table[:, 8].astype(bool)
@@ -289,6 +291,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
     keep = np.nonzero(fits)[0]
     row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state = (
         x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state))
+    floor = floor[keep]
 
     # the largest tail is at least the optimizer step of the stage with the most parameters
     sharded = z > 0
@@ -323,6 +326,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
                                                    least_state=least_state,
                                                    eshards=eshards, tied=tied, full=full, fixed=fixed).items()})
     return Bounds(outer=outer, row=row[order], pp=pp[order], zero=z[order], vpp=v[order].astype(int),
+                  floor_bytes=floor[order],
                   bound_s=bound[order],
                   pipe_s=pipe[order], considered=considered, pruned_memory=pruned, least_floor_bytes=least_floor,
                   tails=tails)
@@ -436,7 +440,7 @@ class _Tails:
         row = np.arange(k)
         per = self.ctx.prefix("per")[c]
         first, last = self.ctx.col("first_s")[c], self.ctx.col("last_s")[c]
-        big = float(per[:, L].max()) * 2 + 1.0
+        big = float((per[:, L] + first + last).max()) * 4 + 1.0  # rows never reach into the next
         flat = (per + row[:, None] * big).ravel()
 
         def feasible(T):
@@ -444,7 +448,7 @@ class _Tails:
             for stage in range(p):
                 budget = T - (first if stage == 0 else 0.0) - (last if stage == p - 1 else 0.0)
                 timed = np.searchsorted(flat, per[row, a] + budget + row * big, side="right") - 1 - row * (L + 1)
-                a = np.maximum(a, np.minimum(timed, a + width))
+                a = np.maximum(a, np.minimum(np.minimum(timed, a + width), L))
             return a >= L
 
         lo, hi = np.zeros(k), per[:, L] + first + last

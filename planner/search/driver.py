@@ -33,6 +33,11 @@ from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
 from planner.units import bytes_to_gib
 
+CLOSEST_TRIES = 16
+"""when no candidate can fit, how many (the least memory floors) are priced to say what the
+closest needs"""
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     strategy: Strategy
@@ -112,15 +117,25 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     pool: list[Candidate] = []
     priced = programmes = ilp_solves = 0
     optimal = True
-    pruned_bound = 0
+    pruned_bound = pruned_memory_late = 0
     queue = _BoundOrder(found_bounds)
     for j, bound, tail in queue:
         if best is not None and bound >= best.step_time_s:
             pruned_bound = queue.remaining + 1
             break
-        knobs, v, zero = found_bounds.knobs(j), int(found_bounds.vpp[j]), int(found_bounds.zero[j])
-        s = Strategy(**knobs, zero=zero, vpp=v, schedule="interleaved-1f1b" if v > 1 else "1f1b",
-                     recompute_layers=fixed.get("recompute_layers"))
+        if bound == float("inf"):
+            # everything left is proven not to fit: price only the few with the least memory
+            # floors, to say what the closest would need
+            pruned_memory_late = queue.remaining + 1
+            if best is None:
+                for k in np.argsort(found_bounds.floor_bytes, kind="stable")[:CLOSEST_TRIES].tolist():
+                    s = _strategy(found_bounds, k, fixed)
+                    if not strategy_problems(s, model, setup):
+                        for cand in _price(model, cluster, setup, s, rules, solver, time_limit_s)[0]:
+                            if closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
+                                closest = cand
+            break
+        s = _strategy(found_bounds, j, fixed)
         if strategy_problems(s, model, setup):
             continue
         found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
@@ -148,11 +163,18 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
             seen.add(_key(cand.strategy))
             alternatives.append(cand)
     return SearchResult(best=best, alternatives=tuple(alternatives), closest=closest,
-                        considered=found_bounds.considered, pruned_memory=found_bounds.pruned_memory, pruned_bound=pruned_bound, priced=priced,
+                        considered=found_bounds.considered,
+                        pruned_memory=found_bounds.pruned_memory + pruned_memory_late, pruned_bound=pruned_bound, priced=priced,
                         programmes=programmes, ilp_solves=ilp_solves, proven_optimal=optimal,
                         elapsed_s=time.perf_counter() - start,
                         memory_floor_bytes=(found_bounds.least_floor_bytes
                                             if np.isfinite(found_bounds.least_floor_bytes) else 0.0))
+
+
+def _strategy(found: bounds.Bounds, j: int, fixed: dict) -> Strategy:
+    v = int(found.vpp[j])
+    return Strategy(**found.knobs(j), zero=int(found.zero[j]), vpp=v,
+                    schedule="interleaved-1f1b" if v > 1 else "1f1b", recompute_layers=fixed.get("recompute_layers"))
 
 
 class _BoundOrder:
