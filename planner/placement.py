@@ -65,11 +65,14 @@ def _ep_stride(order: str, degrees: dict[str, int]) -> int:
 def _span(order: str, degree_items: tuple, dims: tuple[str, ...], gpus_per_node: int,
           inner: int, size: int) -> Span:
     degrees = dict(degree_items)
-    if dims == ("ep",):
-        stride = _ep_stride(order, degrees) * inner
-        ranks = [i * stride for i in range(size)]
-    else:
-        ranks = group_of_rank0(order, degrees, dims)
+    if dims == ("ep",) or len(dims) == 1:
+        # ranks 0, s, 2s, ... (size of them): with s >= a node's GPUs each sits on its own node,
+        # else consecutive ranks move at most one node on, so every node in between is used
+        stride = _ep_stride(order, degrees) * inner if dims == ("ep",) else strides(order, degrees)[dims[0]]
+        size = size if dims == ("ep",) else degrees[dims[0]]
+        nodes = size if stride >= gpus_per_node else (size - 1) * stride // gpus_per_node + 1
+        return Span(size=size, per_node=size // nodes, nodes=nodes)
+    ranks = group_of_rank0(order, degrees, dims)
     nodes = len({r // gpus_per_node for r in ranks})
     return Span(size=len(ranks), per_node=len(ranks) // nodes, nodes=nodes)
 
