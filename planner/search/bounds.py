@@ -320,7 +320,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
     bound = pipe + opt * (1 - SAFETY)
     order = np.argsort(bound, kind="stable")
     tails = _Tails(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
-                   mixed_layers=len(set(np.diff(ctx.prefix("per")[0]).round(15).tolist())) > 1,
+                   mixed_layers=len(ctx.ctx[0].kinds) > 1,
                    **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
                                                    sigma=sigma, rec=rec, bottleneck=bottleneck, p2p=p2p,
                                                    least_state=least_state,
@@ -357,7 +357,7 @@ class _Tails:
     coef: np.ndarray
     dp_overlap: bool
     mixed_layers: bool
-    """whether the model's layers differ in time (dense and MoE layers)"""
+    """whether the model's layers differ (dense and MoE layers: different parameters)"""
     c: np.ndarray
     lay: np.ndarray
     pp: np.ndarray
