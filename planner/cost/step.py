@@ -235,6 +235,18 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                          spans["tp"], spans["cp"], spans["ep"])
 
 
+@lru_cache(maxsize=16384)
+def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int, micro_batch: int,
+                           sequence_parallel: bool) -> bool:
+    """Whether selective recomputation keeps fewer activations than none in this layer context.
+    With flash attention it keeps the same (the scores it would drop are never stored), so it
+    only adds time: every strategy with it is matched by the same strategy without."""
+    base = Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
+               flash=setup.attention == "flash", dropout=model.dropout)
+    return any(layer_work(k, _variant(base, "selective", ep)).saved.total
+               < layer_work(k, _variant(base, "none", ep)).saved.total for k in _kinds(model)[0])
+
+
 @lru_cache(maxsize=4096)
 def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx, base_mode: str,
                   tp_span: Span, cp_span: Span, ep_span: Span) -> LayerTables:

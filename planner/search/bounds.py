@@ -35,6 +35,7 @@ from planner.cost.step import (
     context_tables,
     dp_grad_bytes,
     p2p_s,
+    selective_saves_memory,
     stage_memory,
     stage_tail_s,
     tied_head_params,
@@ -74,6 +75,9 @@ class Bounds:
     pruned_memory: int
     least_floor_bytes: float
     """least memory floor of the candidates pruned for memory (inf when none was)"""
+    dominated: int = 0
+    """candidates left out because another does as well with no more memory (selective
+    recomputation where it keeps the same activations as none)"""
     tails: _Tails | None = None
     """None only when there is no candidate"""
 
@@ -175,8 +179,10 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     vpp_sets: dict = {}
     zero_sets: dict = {}
     rows: list = []
-    considered = 0
+    considered = dominated = 0
     modes = space.allowed(space.RECOMPUTES, fixed.get("recompute"))
+    # the layer context depends on the setup's sequence, precision and attention only
+    shape = replace(setup, gpus=1, global_batch=1, runtime="any")
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
     vpp_ids: dict = {}
     for tp, cp, pp, dp in space.degree_tuples(model, cluster, setup, fixed, rules):
@@ -210,6 +216,10 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                     if (tp, cp, mb, inter) not in p2ps:
                         p2ps[(tp, cp, mb, inter)] = p2p_s(model, cluster, setup, tp, cp, mb, 1, inter)
                     for i, mode in enumerate(modes):
+                        if (mode == "selective" and "none" in modes
+                                and not selective_saves_memory(model, shape, tp, cp, ep, mb, sp)):
+                            dominated += len(vpps) * len(zeros)  # the same memory as 'none', more time
+                            continue
                         key = (tp, cp, ep, mb, sp, mode, spans[:3])
                         if key not in contexts:
                             contexts[key] = len(contexts)
@@ -217,13 +227,11 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                                      p2ps[(tp, cp, mb, inter)] if pp > 1 else 0.0,
                                      tied_head_params(model, tp) if pp == 1 else 0.0, mode == "full",
                                      _mask(zeros, ZEROS), vid, tp, cp, dp, ep, mb, i, o, sp))
-    # the layer context depends on the setup's sequence, precision and attention only
-    shape = replace(setup, gpus=1, global_batch=1, runtime="any")
     ctx = _Table([_context(model, cluster, shape, *k) for k in contexts])
     outer = _Outer(np.array(rows, dtype=float).reshape(-1, 19)[:, 11:].astype(int), tuple(modes), tuple(orders),
                    fixed.get("dp_overlap", True))
-    return _bound_rows(model, cluster, setup, rules, outer, rows, ctx, list(layouts), list(vpp_ids), considered,
-                       fixed.get("dp_overlap", True))
+    return replace(_bound_rows(model, cluster, setup, rules, outer, rows, ctx, list(layouts), list(vpp_ids),
+                               considered, fixed.get("dp_overlap", True)), dominated=dominated)
 
 
 @lru_cache(maxsize=65536)

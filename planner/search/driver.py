@@ -117,11 +117,11 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     pool: list[Candidate] = []
     priced = programmes = ilp_solves = 0
     optimal = True
-    pruned_bound = pruned_memory_late = 0
+    pruned_bound, pruned_memory_late = found_bounds.dominated, 0
     queue = _BoundOrder(found_bounds)
     for j, bound, tail in queue:
         if best is not None and bound >= best.step_time_s:
-            pruned_bound = queue.remaining + 1
+            pruned_bound += queue.remaining + 1
             break
         if bound == float("inf"):
             # everything left is proven not to fit: price only the few with the least memory
