@@ -65,16 +65,34 @@ def _ep_stride(order: str, degrees: dict[str, int]) -> int:
 def _span(order: str, degree_items: tuple, dims: tuple[str, ...], gpus_per_node: int,
           inner: int, size: int) -> Span:
     degrees = dict(degree_items)
-    if dims == ("ep",) or len(dims) == 1:
+    progression = _progression(order, degrees, dims, inner, size)
+    if progression is not None:
         # ranks 0, s, 2s, ... (size of them): with s >= a node's GPUs each sits on its own node,
         # else consecutive ranks move at most one node on, so every node in between is used
-        stride = _ep_stride(order, degrees) * inner if dims == ("ep",) else strides(order, degrees)[dims[0]]
-        size = size if dims == ("ep",) else degrees[dims[0]]
+        stride, size = progression
         nodes = size if stride >= gpus_per_node else (size - 1) * stride // gpus_per_node + 1
         return Span(size=size, per_node=size // nodes, nodes=nodes)
     ranks = group_of_rank0(order, degrees, dims)
     nodes = len({r // gpus_per_node for r in ranks})
     return Span(size=len(ranks), per_node=len(ranks) // nodes, nodes=nodes)
+
+
+def _progression(order: str, degrees: dict[str, int], dims: tuple[str, ...], inner: int,
+                 size: int) -> tuple[int, int] | None:
+    """(stride, size) when the group's ranks are 0, stride, 2*stride, ...: the expert groups,
+    one dimension, or dimensions whose strides chain (each the previous one times its degree,
+    as cp then dp are in tp-cp-dp-pp); None otherwise."""
+    if dims == ("ep",):
+        return _ep_stride(order, degrees) * inner, size
+    st = strides(order, degrees)
+    chain = sorted(dims, key=st.__getitem__)
+    for a, b in zip(chain, chain[1:]):
+        if st[b] != st[a] * degrees[a]:
+            return None
+    count = 1
+    for d in dims:
+        count *= degrees[d]
+    return st[chain[0]], count
 
 
 def span(order: str, degrees: dict[str, int], dims: tuple[str, ...], gpus_per_node: int) -> Span:

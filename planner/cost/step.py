@@ -236,15 +236,16 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
 
 
 @lru_cache(maxsize=16384)
-def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int, micro_batch: int,
+def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, micro_batch: int,
                            sequence_parallel: bool) -> bool:
-    """Whether selective recomputation keeps fewer activations than none in this layer context.
-    With flash attention it keeps the same (the scores it would drop are never stored), so it
-    only adds time: every strategy with it is matched by the same strategy without."""
-    base = Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
+    """Whether selective recomputation keeps fewer activations than none in this layer context
+    (the attention core's; the experts' do not change, so ep does not matter). With flash
+    attention it keeps the same (the scores it would drop are never stored), so it only adds
+    time: every strategy with it is matched by the same strategy without."""
+    base = Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, sp=sequence_parallel,
                flash=setup.attention == "flash", dropout=model.dropout)
-    return any(layer_work(k, _variant(base, "selective", ep)).saved.total
-               < layer_work(k, _variant(base, "none", ep)).saved.total for k in _kinds(model)[0])
+    return any(layer_work(k, _variant(base, "selective", 1)).saved.total
+               < layer_work(k, _variant(base, "none", 1)).saved.total for k in _kinds(model)[0])
 
 
 @lru_cache(maxsize=4096)

@@ -217,7 +217,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                         p2ps[(tp, cp, mb, inter)] = p2p_s(model, cluster, setup, tp, cp, mb, 1, inter)
                     for i, mode in enumerate(modes):
                         if (mode == "selective" and "none" in modes
-                                and not selective_saves_memory(model, shape, tp, cp, ep, mb, sp)):
+                                and not selective_saves_memory(model, shape, tp, cp, mb, sp)):
                             dominated += len(vpps) * len(zeros)  # the same memory as 'none', more time
                             continue
                         key = (tp, cp, ep, mb, sp, mode, spans[:3])
