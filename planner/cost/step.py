@@ -152,6 +152,11 @@ def _kinds(model: ModelSpec) -> tuple[tuple[Layer, ...], np.ndarray]:
     return tuple(layer for _, layer in sorted(kinds.values(), key=lambda kv: kv[0])), index
 
 
+def layer_kind_index(model: ModelSpec) -> np.ndarray:
+    """Per layer of the chain, the index of its kind (the order of LayerTables.kinds' rows)."""
+    return _kinds(model)[1]
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     """A strategy's per-layer prices as prefix sums over the layer chain, plus the scalars of the

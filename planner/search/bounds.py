@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from planner.cost.step import (
     ADAM_BYTES_PER_PARAM,
     context_tables,
     dp_grad_bytes,
+    layer_kind_index,
     p2p_s,
     selective_saves_memory,
     stage_memory,
@@ -122,8 +124,20 @@ class _Context:
     """prefix sums of a layer's stage time without ZeRO, recompute counts and p2p"""
     layer_s: float
     """the least stage time of one layer (per's steps)"""
+    major: tuple
+    """the most numerous layer kind: (count, dense params, expert params, saved bytes, saving,
+    stage time, full recompute time) of one such layer"""
     first_s: float
     last_s: float
+
+
+def _major(K: dict, model: ModelSpec) -> tuple:
+    """_Context.major from the per-kind rows of cost/step's layer tables."""
+    counts = np.bincount(layer_kind_index(model), minlength=len(K["params"]))
+    k = int(np.argmax(counts))
+    per = K["comp"] + K["rec_b"] + K["tp"] + K["cp"] + K["ep"]
+    return (float(counts[k]), float(K["params"][k]), float(K["expert"][k]), float(K["saved_b"][k]),
+            float(K["saved_b"][k] - K["saved_f"][k]), float(per[k]), float(K["rec_f"][k]))
 
 
 class _Table:
@@ -165,7 +179,7 @@ def _context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, 
         least_saved=float(saved.min()), kinds=tuple(sorted(set(zip(K["params"].tolist(), K["expert"].tolist())))),
         saved_b=float(K["saved_b"].min()), saving=float((K["saved_b"] - K["saved_f"]).max()),
         rec_cost_s=float(K["rec_f"].min()), prefix=P, ends=E, transient_bytes=tab.transient_bytes,
-        prefetch_bytes=tab.prefetch_bytes, per=per, layer_s=float(np.diff(per).min()), first_s=E["emb_comp"] + E["emb_tp"],
+        prefetch_bytes=tab.prefetch_bytes, per=per, layer_s=float(np.diff(per).min()), major=_major(K, model), first_s=E["emb_comp"] + E["emb_tp"],
         last_s=E["head_comp"] + E["head_tp"])
 
 
@@ -297,8 +311,9 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
     pruned = int((~fits).sum())
     least_floor = float(floor[~fits].min()) * (1 - SAFETY) if pruned else float("inf")
     keep = np.nonzero(fits)[0]
-    row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state = (
-        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state))
+    row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state, per_dense, per_expert = (
+        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state,
+                          per_dense, per_expert))
     floor = floor[keep]
 
     # the largest tail is at least the optimizer step of the stage with the most parameters
@@ -331,7 +346,8 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
                    mixed_layers=len(ctx.ctx[0].kinds) > 1,
                    **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
                                                    sigma=sigma, rec=rec, bottleneck=bottleneck, p2p=p2p,
-                                                   least_state=least_state,
+                                                   least_state=least_state, per_dense=per_dense,
+                                                   per_expert=per_expert,
                                                    eshards=eshards, tied=tied, full=full, fixed=fixed).items()})
     return Bounds(outer=outer, row=row[order], pp=pp[order], zero=z[order], vpp=v[order].astype(int),
                   floor_bytes=floor[order],
@@ -379,6 +395,9 @@ class _Tails:
     """the recompute floor inside sigma"""
     least_state: np.ndarray
     """the least state bytes of a layer"""
+    per_dense: np.ndarray
+    per_expert: np.ndarray
+    """state bytes per dense and per expert parameter (the candidate's ZeRO stage and shards)"""
     bottleneck: np.ndarray
     p2p: np.ndarray
     tied: np.ndarray
@@ -422,15 +441,15 @@ class _Tails:
             bottleneck[sel] = np.maximum(bottleneck[sel], np.maximum(least, ends)[back] + self.p2p[j])
         for p in sorted(set(pp[free].tolist()) - {1}):
             sel = np.nonzero(free & (pp == p))[0]
-            least = self._least_bottleneck(idx[sel], p)
+            least = np.max([self._least_bottleneck(idx[sel], p, cls) for cls in self._classes(idx[sel])], axis=0)
             if self.mixed_layers:
                 least = np.maximum(least, self._greedy_bottleneck(idx[sel], p))
             bottleneck[sel] = np.maximum(bottleneck[sel], least + self.p2p[idx[sel]])
         for p in sorted(set(pp[free & self.full[idx]].tolist()) - {1}):
             sel = np.nonzero(free & self.full[idx] & (pp == p))[0]
             j = idx[sel]
-            extra = np.maximum(0.0, self._least_recompute(j, p) * self.ctx.col("rec_cost_s")[self.c[j]] * (1 - SAFETY)
-                               - self.rec[j])
+            least = np.max([self._least_recompute(j, p, cls) * cls.rec[:, 0] for cls in self._classes(j)], axis=0)
+            extra = np.maximum(0.0, least * (1 - SAFETY) - self.rec[j])
             sigma[sel] += extra
             bottleneck[sel] = np.maximum(bottleneck[sel], sigma[sel] / p)
         return pipeline_floor_s(bottleneck, sigma, self.m[idx], self.vpp[idx])
@@ -467,7 +486,21 @@ class _Tails:
             hi, lo = np.where(fits, mid, hi), np.where(fits, lo, mid)
         return np.where(ok, lo * (1 - SAFETY), np.inf)
 
-    def _least_bottleneck(self, j: np.ndarray, p: int) -> np.ndarray:
+    def _classes(self, j: np.ndarray):
+        """The layer sets the memory relaxations run on (_Layers): all layers at the model's
+        per-layer minima, and, where layers differ, only the most numerous kind at its own
+        values (leaving layers out only loosens a lower bound)."""
+        c = self.c[j]
+        col = (slice(None), None)
+        yield _Layers(self.model.layers, self.least_state[j][col], self.ctx.col("saved_b")[c][col],
+                      self.ctx.col("saving")[c][col], self.ctx.col("layer_s")[c][col],
+                      self.ctx.col("rec_cost_s")[c][col])
+        if self.mixed_layers:
+            count, params, expert, saved, saving, tau, rec = self.ctx.col("major")[c].T
+            state = self.per_dense[j] * params + self.per_expert[j] * expert
+            yield _Layers(int(count[0]), state[col], saved[col], saving[col], tau[col], rec[col])
+
+    def _least_bottleneck(self, j: np.ndarray, p: int, cls: _Layers) -> np.ndarray:
         """Least largest stage time of any split that fits, as a bisection on T over fractional
         splits: with a layer's least time tau, stage i holds up to T / tau layers while
         u_i = C / (state + k_i saved) of them fit as they are; beyond u_i (recompute 'full'
@@ -476,13 +509,10 @@ class _Tails:
         (tau + rho_i rec) layers, and never more than C / (state + k_i (saved - saving)) nor
         the stage width; the first and last stages have T less the embedding's and the head's
         time; a stage holds whole layers. T is feasible when the stages can hold all L layers
-        (per-layer minima of the model, the ends' memory left out: a lower bound)."""
-        L = self.model.layers
+        (per-layer minima of the layers in `cls`, the ends' memory left out: a lower bound)."""
+        L, state, saved, saving, tau, rec = cls
         C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
         c = self.c[j]
-        state = self.least_state[j][:, None]
-        saved, saving = self.ctx.col("saved_b")[c][:, None], self.ctx.col("saving")[c][:, None]
-        tau, rec = self.ctx.col("layer_s")[c][:, None], self.ctx.col("rec_cost_s")[c][:, None]
         full = self.full[j][:, None]
         k = in_flight(np.arange(p)[None, :], p, self.m[j][:, None], 1)
         cost = state + k * saved
@@ -490,7 +520,7 @@ class _Tails:
         with np.errstate(divide="ignore", invalid="ignore"):
             most = np.where(full & (cost > k * saving), C / (cost - k * saving), np.where(full, L, free_layers))
             rho = np.where(full & (saving > 0), cost / (k * saving), np.inf)
-        most = np.minimum(most, space.stage_width(L, p))
+        most = np.minimum(most, space.stage_width(self.model.layers, p))
 
         # the first stage also runs the embedding and the last the LM head
         ends = np.zeros((len(j), p))
@@ -513,19 +543,17 @@ class _Tails:
             hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
         return np.where(feasible, lo * (1 - SAFETY), np.inf)
 
-    def _least_recompute(self, j: np.ndarray, p: int) -> np.ndarray:
+    def _least_recompute(self, j: np.ndarray, p: int, cls: _Layers) -> np.ndarray:
         """Least count of recomputed layers any split needs to fit, as a linear programme
         (layers and counts fractional, per-layer minima of the model): stage i holds
         u_i = C / c_i layers without recomputing, c_i = state + k_i saved (k_i in flight,
         C = capacity - reserve); each layer beyond costs rho_i = c_i / (k_i saving)
         recomputed layers, up to C / (c_i - k_i saving) layers in all. The layers beyond
         sum u_i go, cheapest rho first, to the stages with the most in flight (rho falls with
-        k_i, which falls with i); infinite when they do not fit anywhere."""
-        L = self.model.layers
+        k_i, which falls with i); infinite when they do not fit anywhere. Over the layers of
+        `cls` at their per-layer minima."""
+        L, state, saved, saving = cls.layers, cls.state, cls.saved, cls.saving
         C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
-        state = self.least_state[j][:, None]
-        saved = self.ctx.col("saved_b")[self.c[j]][:, None]
-        saving = self.ctx.col("saving")[self.c[j]][:, None]
         k = in_flight(np.arange(p)[None, :], p, self.m[j][:, None], self.vpp[j][:, None])
         cost = state + k * saved
         free_layers = C / cost
@@ -747,6 +775,19 @@ class _Tails:
                                     total("bwd") + rec, stage, self.dp_overlap, self.shards[j][col],
                                     self.eshards[j][col], self.cluster)
         return np.min(exposed + opt, axis=1)
+
+
+class _Layers(NamedTuple):
+    """A set of layers for the memory relaxations: how many, and per layer (columns over
+    candidates) the least state bytes, saved bytes, largest saving by full recomputation, stage
+    time and full recompute time."""
+
+    layers: int
+    state: np.ndarray
+    saved: np.ndarray
+    saving: np.ndarray
+    tau: np.ndarray
+    rec: np.ndarray
 
 
 def pipeline_floor_s(bottleneck, sigma, m, v):
