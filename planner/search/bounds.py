@@ -343,7 +343,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
     bound = pipe + opt * (1 - SAFETY)
     order = np.argsort(bound, kind="stable")
     tails = _Tails(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
-                   mixed_layers=len(ctx.ctx[0].kinds) > 1,
+                   mixed_layers=len(ctx.ctx[0].kinds) > 1, one_kind=int(layer_kind_index(model).max()) == 0,
                    **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
                                                    sigma=sigma, rec=rec, bottleneck=bottleneck, p2p=p2p,
                                                    least_state=least_state, per_dense=per_dense,
@@ -382,6 +382,8 @@ class _Tails:
     dp_overlap: bool
     mixed_layers: bool
     """whether the model's layers differ (dense and MoE layers: different parameters)"""
+    one_kind: bool
+    """whether every layer of the chain is the same layer"""
     c: np.ndarray
     lay: np.ndarray
     pp: np.ndarray
@@ -602,7 +604,9 @@ class _Tails:
         least = np.minimum(self._least_tail(j, 0, p, [(0 * lengths, lengths)]),
                            self._least_tail(j, p - 1, p, [(L - lengths, L + 0 * lengths)]))
         if p >= 3:
-            a, size = np.meshgrid(np.arange(1, L), lengths, indexing="ij")
+            # with one layer kind every start gives the same sums: one start stands for all
+            starts = np.arange(1, 2 if self.one_kind else L)
+            a, size = np.meshgrid(starts, lengths, indexing="ij")
             keep = a + size <= L - 1
             least = np.minimum(least, self._least_tail(j, p - 2, p, [(a[keep], (a + size)[keep])]))
         return least
