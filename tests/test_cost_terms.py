@@ -10,7 +10,7 @@ from planner.graph import Ctx, build_layers
 from planner.placement import Span
 from planner.runs import load_runs
 from planner.spec.hardware import load_cluster
-from planner.spec.model import GraphLayer, ModelSpec
+from planner.spec.model import GraphLayer, ModelSpec, load_model
 from planner.spec.training import Strategy, TrainingSetup, resolve_strategy
 
 GIB = 2**30
@@ -213,3 +213,22 @@ def test_zero_shards_states_over_dp(zero):
     assert mem.optimizer == pytest.approx(base.optimizer / (16 if zero >= 1 else 1))
     assert mem.grads == pytest.approx(base.grads / (16 if zero >= 2 else 1))
     assert mem.weights == pytest.approx(base.weights / (16 if zero >= 3 else 1))
+
+
+@pytest.mark.parametrize("zero,mode,vpp", [(0, "full", 1), (1, "full", 2), (3, "full", 1), (2, "selective", 1),
+                                           (1, "none", 2)])
+def test_stage_memory_bytes_is_stage_terms_memory(zero, mode, vpp):
+    """The memory-only path the split search uses equals the full stage terms, for every stage,
+    chunk layout and recompute count."""
+    import numpy as np
+
+    from planner.cost.step import profile, stage_memory_bytes, stage_terms
+    model, cluster = load_model("deepseek-v3"), load_cluster("dgx-h100")
+    setup = TrainingSetup(gpus=512, global_batch=512, seq_len=4096)
+    s = Strategy(dp=16, tp=2, pp=8, cp=2, ep=8, vpp=vpp, micro_batch=1, zero=zero, recompute=mode,
+                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b", sequence_parallel=True)
+    prof = profile(model, cluster, setup, s)
+    chunks, sizes = pipeline.chunk_arrays(pipeline.split_layers(model.layers, s.pp, s.vpp), s.pp)
+    i = np.arange(s.pp)
+    for r in (0, 1, sizes // 2, sizes):
+        assert np.array_equal(stage_memory_bytes(prof, i, chunks, r), stage_terms(prof, i, chunks, r)["memory"])

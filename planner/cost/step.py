@@ -311,26 +311,10 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     `recompute_layers` layers fully recomputed (recompute 'full'). i, a, b and recompute_layers may
     be numpy arrays: every term is computed elementwise (the stage DP prices all ranges of one
     stage at once; the search prices all stages of a split at once)."""
-    s, P, E, cluster = prof.strategy, prof.prefix, prof.ends, prof.cluster
+    s, E, cluster = prof.strategy, prof.ends, prof.cluster
     eff = cluster.efficiency
     first, last = np.equal(i, 0), np.equal(i, s.pp - 1)
-
-    def total(key, lo, hi):
-        return P[key][hi] - P[key][lo]
-
-    sums = {k: 0.0 for k in (*_PREFIX_KEYS, "rec", "saved", "main", "n", "n_rec")}
-    left = recompute_layers if s.recompute == "full" else 0
-    for a, b in chunks:
-        r = np.minimum(np.maximum(left, 0), b - a) if s.recompute == "full" else 0
-        mid = a + r
-        for k in _PREFIX_KEYS:
-            sums[k] = sums[k] + total(k, a, b)
-        sums["rec"] = sums["rec"] + total("rec_f", a, mid) + total("rec_b", mid, b)
-        sums["saved"] = sums["saved"] + total("saved_f", a, mid) + total("saved_b", mid, b)
-        sums["main"] = sums["main"] + total("main_f", a, mid) + total("main_b", mid, b)
-        sums["n"] = sums["n"] + (b - a)
-        sums["n_rec"] = sums["n_rec"] + r
-        left = left - r
+    sums = _stage_sums(prof, chunks, recompute_layers, _PREFIX_KEYS)
     comp = sums["comp"] + first * E["emb_comp"] + last * E["head_comp"]
     tp = sums["tp"] + first * E["emb_tp"] + last * E["head_tp"]
     dense = sums["params"] + first * E["emb_params"] + last * E["head_params"]
@@ -364,6 +348,44 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
             "optimizer": opt, "tail": exposed + opt, "weights": weights, "grads": grads, "optim": optim,
             "activations": acts, "other": other, "memory": weights + grads + optim + acts + other,
             "recompute_layers": sums["n_rec"]}
+
+
+def _stage_sums(prof: Profile, chunks, recompute_layers, keys) -> dict:
+    """Sums over a stage's chunks of the prefix tables `keys`, and of the recompute time, saved
+    activations (all, and Korthikanti's main terms), layers and recomputed layers when its first
+    `recompute_layers` layers recompute fully (recompute 'full')."""
+    P, full = prof.prefix, prof.strategy.recompute == "full"
+
+    def total(key, lo, hi):
+        return P[key][hi] - P[key][lo]
+
+    sums = {k: 0.0 for k in (*keys, "rec", "saved", "main", "n", "n_rec")}
+    left = recompute_layers if full else 0
+    for a, b in chunks:
+        r = np.minimum(np.maximum(left, 0), b - a) if full else 0
+        mid = a + r
+        for k in keys:
+            sums[k] = sums[k] + total(k, a, b)
+        sums["rec"] = sums["rec"] + total("rec_f", a, mid) + total("rec_b", mid, b)
+        sums["saved"] = sums["saved"] + total("saved_f", a, mid) + total("saved_b", mid, b)
+        sums["main"] = sums["main"] + total("main_f", a, mid) + total("main_b", mid, b)
+        sums["n"] = sums["n"] + (b - a)
+        sums["n_rec"] = sums["n_rec"] + r
+        left = left - r
+    return sums
+
+
+def stage_memory_bytes(prof: Profile, i, chunks, recompute_layers=0):
+    """stage_terms(...)["memory"] alone, without the time terms (for searches that only ask
+    whether a stage fits)."""
+    s, E = prof.strategy, prof.ends
+    first, last = np.equal(i, 0), np.equal(i, s.pp - 1)
+    sums = _stage_sums(prof, chunks, recompute_layers, ("params", "expert"))
+    dense = sums["params"] + first * E["emb_params"] + last * E["head_params"]
+    return sum(stage_memory(s.zero, dense, sums["expert"], s.dp * s.cp, max(1, s.dp * s.cp // s.ep),
+                            pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp),
+                            sums["saved"] + first * E["emb_saved"], last * E["head_saved"],
+                            prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes))
 
 
 def stage_memory(zero: int, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,

@@ -25,6 +25,7 @@ from planner.cost.step import (
     profile,
     split_step,
     split_terms,
+    stage_memory_bytes,
     stage_terms,
 )
 from planner.search import bounds, ilp, space, stages
@@ -294,14 +295,14 @@ def _least_counts(prof, i, rng, n, cap):
     """Per stage and range, the least count of fully recomputed layers that fits, and whether
     any does. Memory falls with every recomputed layer beyond the first (the first adds the
     rebuild buffer), so a bisection over 1..n finds it after checking 0."""
-    none = np.broadcast_to(stage_terms(prof, i, rng, 0)["memory"] <= cap, n.shape)
+    none = np.broadcast_to(stage_memory_bytes(prof, i, rng, 0) <= cap, n.shape)
     lo, hi = np.ones_like(n), n.copy()
     while np.any(lo < hi):
         mid = (lo + hi) // 2
-        fits = stage_terms(prof, i, rng, mid)["memory"] <= cap
+        fits = stage_memory_bytes(prof, i, rng, mid) <= cap
         hi = np.where(fits & (lo < hi), mid, hi)
         lo = np.where(~fits & (lo < hi), mid + 1, lo)
-    some = stage_terms(prof, i, rng, lo)["memory"] <= cap
+    some = stage_memory_bytes(prof, i, rng, lo) <= cap
     return np.where(none, 0, lo), none | some
 
 
