@@ -155,27 +155,32 @@ def brute_force(model, setup, fixed):
                 dp = setup.gpus // (tp * cp * pp)
                 if cp > 1 and setup.seq_len // cp < space.MIN_CP_TOKENS:
                     continue
-                for mb in range(1, setup.global_batch + 1):
-                    if setup.global_batch % (dp * mb):
-                        continue
-                    m = setup.global_batch // (dp * mb)
-                    for vpp in range(1, space.MAX_VPP + 1):
-                        if vpp > 1 and (pp == 1 or m % pp or pp * vpp > model.layers):
-                            continue
-                        for mode in ("none", "selective"):
-                            for zero in (0, 1, 2, 3):
-                                s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch=mb, zero=zero,
-                                             recompute=mode, sequence_parallel=tp > 1, order=fixed["order"],
-                                             schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
-                                if any(getattr(s, k) != v for k, v in fixed.items()):
-                                    continue
-                                if strategy_problems(s, model, setup):
-                                    continue
-                                for bounds in _splits(model.layers, pp, vpp):
-                                    est = estimate(model, CLUSTER, setup, s, bounds=bounds)
-                                    if est.fits and (best is None or est.step_time_s < best):
-                                        best = est.step_time_s
+                for mb, vpp in _micro_batches_and_vpps(model, setup, dp, pp):
+                    for mode in ("none", "selective"):
+                        for zero in (0, 1, 2, 3):
+                            s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch=mb, zero=zero,
+                                         recompute=mode, sequence_parallel=tp > 1, order=fixed["order"],
+                                         schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+                            if any(getattr(s, k) != v for k, v in fixed.items()):
+                                continue
+                            if strategy_problems(s, model, setup):
+                                continue
+                            for bounds in _splits(model.layers, pp, vpp):
+                                est = estimate(model, CLUSTER, setup, s, bounds=bounds)
+                                if est.fits and (best is None or est.step_time_s < best):
+                                    best = est.step_time_s
     return best
+
+
+def _micro_batches_and_vpps(model, setup, dp, pp):
+    """Every (micro-batch, vpp) of the space for dp and pp (interleaving needs m % pp == 0)."""
+    for mb in range(1, setup.global_batch + 1):
+        if setup.global_batch % (dp * mb):
+            continue
+        m = setup.global_batch // (dp * mb)
+        for vpp in range(1, space.MAX_VPP + 1):
+            if not (vpp > 1 and (pp == 1 or m % pp or pp * vpp > model.layers)):
+                yield mb, vpp
 
 
 @st.composite
@@ -269,25 +274,19 @@ def brute_force_tight(model, cluster, setup, fixed):
         if setup.gpus % pp:
             continue
         dp = setup.gpus // pp
-        for mb in range(1, setup.global_batch + 1):
-            if setup.global_batch % (dp * mb):
-                continue
-            m = setup.global_batch // (dp * mb)
-            for vpp in range(1, space.MAX_VPP + 1):
-                if vpp > 1 and (pp == 1 or m % pp or pp * vpp > model.layers):
+        for mb, vpp in _micro_batches_and_vpps(model, setup, dp, pp):
+            for mode in ("none", "selective", "full"):
+                s = Strategy(dp=dp, pp=pp, vpp=vpp, micro_batch=mb, zero=fixed["zero"], recompute=mode,
+                             order=fixed["order"], schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+                if strategy_problems(s, model, setup):
                     continue
-                for mode in ("none", "selective", "full"):
-                    s = Strategy(dp=dp, pp=pp, vpp=vpp, micro_batch=mb, zero=fixed["zero"], recompute=mode,
-                                 order=fixed["order"], schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
-                    if strategy_problems(s, model, setup):
-                        continue
-                    for bounds in _splits(model.layers, pp, vpp):
-                        sizes = [sum(b - a for a, b in bounds[i::pp]) for i in range(pp)]
-                        counts = itertools.product(*(range(n + 1) for n in sizes)) if mode == "full" else [None]
-                        for count in counts:
-                            est = estimate(model, cluster, setup, s, bounds=bounds, recompute_layers=count)
-                            if est.fits and (best is None or est.step_time_s < best):
-                                best = est.step_time_s
+                for bounds in _splits(model.layers, pp, vpp):
+                    sizes = [sum(b - a for a, b in bounds[i::pp]) for i in range(pp)]
+                    counts = itertools.product(*(range(n + 1) for n in sizes)) if mode == "full" else [None]
+                    for count in counts:
+                        est = estimate(model, cluster, setup, s, bounds=bounds, recompute_layers=count)
+                        if est.fits and (best is None or est.step_time_s < best):
+                            best = est.step_time_s
     return best
 
 
