@@ -230,14 +230,32 @@ class LayerTables:
     prefetch_bytes: float
 
 
+def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int, micro_batch: int,
+              sequence_parallel: bool) -> Ctx:
+    """The shape one micro-batch takes on one GPU under these degrees (no recomputation)."""
+    return Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
+               flash=setup.attention == "flash", dropout=model.dropout)
+
+
 def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp: int, ep: int,
                    micro_batch: int, sequence_parallel: bool, recompute: str, spans: dict) -> LayerTables:
     """The layer tables of a layer context: what every strategy with these tp, cp, ep,
     micro-batch, sequence parallelism, recompute mode and tp/cp/ep group spans shares."""
-    base = Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
-               flash=setup.attention == "flash", dropout=model.dropout)
-    return _layer_tables(model, cluster, setup.precision, base, "none" if recompute == "full" else recompute,
-                         spans["tp"], spans["cp"], spans["ep"])
+    return _layer_tables(model, cluster, setup.precision, layer_ctx(model, setup, tp, cp, ep, micro_batch,
+                                                                    sequence_parallel),
+                         "none" if recompute == "full" else recompute, spans["tp"], spans["cp"], spans["ep"])
+
+
+@lru_cache(maxsize=16384)
+def layer_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int, micro_batch: int,
+                 sequence_parallel: bool, recompute: str) -> tuple[float, tuple]:
+    """(least saved bytes of a layer, the distinct (dense, expert) local parameters of a layer)
+    under `recompute` ('full': every layer recomputed): the layer tables' memory rows, from the
+    layers' work alone (no timing), for memory floors taken before any context is priced."""
+    base = layer_ctx(model, setup, tp, cp, ep, micro_batch, sequence_parallel)
+    work = [layer_work(k, _variant(base, recompute, ep if k.experts else 1)) for k in _kinds(model)[0]]
+    return (min(w.saved.total for w in work),
+            tuple(sorted({(w.params_local, w.expert_params_local) for w in work})))
 
 
 @lru_cache(maxsize=16384)
@@ -247,8 +265,7 @@ def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: 
     (the attention core's; the experts' do not change, so ep does not matter). With flash
     attention it keeps the same (the scores it would drop are never stored), so it only adds
     time: every strategy with it is matched by the same strategy without."""
-    base = Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, sp=sequence_parallel,
-               flash=setup.attention == "flash", dropout=model.dropout)
+    base = layer_ctx(model, setup, tp, cp, 1, micro_batch, sequence_parallel)
     return any(layer_work(k, _variant(base, "selective", 1)).saved.total
                < layer_work(k, _variant(base, "none", 1)).saved.total for k in _kinds(model)[0])
 

@@ -36,6 +36,7 @@ from planner.cost.step import (
     context_tables,
     dp_grad_bytes,
     layer_kind_index,
+    layer_memory,
     p2p_s,
     selective_saves_memory,
     stage_memory,
@@ -108,9 +109,6 @@ class _Context:
     comp_s: float
     dense: float
     expert: float
-    least_saved: float
-    kinds: tuple
-    """distinct (dense, expert) parameters of a layer"""
     saved_b: float
     saving: float
     rec_cost_s: float
@@ -170,17 +168,14 @@ def _context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, 
     tab = context_tables(model, cluster, setup, tp, cp, ep, mb, sp, mode, dict(zip(("tp", "cp", "ep"), spans)))
     P, E, K, L = tab.prefix, tab.ends, tab.kinds, model.layers
     per = P["comp"] + P["rec_b"] + P["tp"] + P["cp"] + P["ep"]
-    full = mode == "full"
-    saved = K["saved_f"] if full else K["saved_b"]
     return _Context(
         total_s=float(per[L] + E["emb_comp"] + E["emb_tp"] + E["head_comp"] + E["head_tp"]),
         comp_s=float(P["comp"][L] + E["emb_comp"] + E["head_comp"]),
         dense=float(P["params"][L] + E["emb_params"] + E["head_params"]), expert=float(P["expert"][L]),
-        least_saved=float(saved.min()), kinds=tuple(sorted(set(zip(K["params"].tolist(), K["expert"].tolist())))),
         saved_b=float(K["saved_b"].min()), saving=float((K["saved_b"] - K["saved_f"]).max()),
         rec_cost_s=float(K["rec_f"].min()), prefix=P, ends=E, transient_bytes=tab.transient_bytes,
-        prefetch_bytes=tab.prefetch_bytes, per=per, layer_s=float(np.diff(per).min()), major=_major(K, model), first_s=E["emb_comp"] + E["emb_tp"],
-        last_s=E["head_comp"] + E["head_tp"])
+        prefetch_bytes=tab.prefetch_bytes, per=per, layer_s=float(np.diff(per).min()), major=_major(K, model),
+        first_s=E["emb_comp"] + E["emb_tp"], last_s=E["head_comp"] + E["head_tp"])
 
 
 def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict, rules: space.RuntimeRules,
@@ -188,6 +183,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     """Bound every candidate of the space (search/space.py) that honours `fixed`."""
     g = min(cluster.gpus_per_node, setup.gpus)
     contexts: dict = {}
+    memories: dict = {}
     layouts: dict = {}
     p2ps: dict = {}
     vpp_sets: dict = {}
@@ -237,15 +233,23 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                         key = (tp, cp, ep, mb, sp, mode, spans[:3])
                         if key not in contexts:
                             contexts[key] = len(contexts)
+                        mkey = (tp, cp, ep, mb, sp, mode)
+                        if mkey not in memories:
+                            memories[mkey] = len(memories)
                         rows.append((contexts[key], lay, pp, dp * cp, max(1, dp * cp // ep), m,
                                      p2ps[(tp, cp, mb, inter)] if pp > 1 else 0.0,
                                      tied_head_params(model, tp) if pp == 1 else 0.0, mode == "full",
-                                     _mask(zeros, ZEROS), vid, tp, cp, dp, ep, mb, i, o, sp))
-    ctx = _Table([_context(model, cluster, shape, *k) for k in contexts])
-    outer = _Outer(np.array(rows, dtype=float).reshape(-1, 19)[:, 11:].astype(int), tuple(modes), tuple(orders),
+                                     _mask(zeros, ZEROS), vid, memories[mkey], tp, cp, dp, ep, mb, i, o, sp))
+    outer = _Outer(np.array(rows, dtype=float).reshape(-1, 20)[:, 12:].astype(int), tuple(modes), tuple(orders),
                    fixed.get("dp_overlap", True))
-    return replace(_bound_rows(model, cluster, setup, rules, outer, rows, ctx, list(layouts), list(vpp_ids),
-                               considered, fixed.get("dp_overlap", True)), dominated=dominated)
+    layers = [layer_memory(model, shape, *k) for k in memories]
+
+    def build(keys):  # the layer contexts, priced only for candidates that pass the memory floor
+        return _Table([_context(model, cluster, shape, *k) for k in keys])
+
+    return replace(_bound_rows(model, cluster, setup, rules, outer, rows, list(contexts), build, layers,
+                               list(layouts), list(vpp_ids), considered, fixed.get("dp_overlap", True)),
+                   dominated=dominated)
 
 
 @lru_cache(maxsize=65536)
@@ -276,8 +280,11 @@ class _Outer:
                 "order": self.orders[order], "sequence_parallel": bool(sp), "dp_overlap": self.dp_overlap}
 
 
-def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_sets, considered, dp_overlap) -> Bounds:
-    """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring)."""
+def _bound_rows(model, cluster, setup, rules, outer, rows, keys, build, layers, layouts, vpp_sets, considered,
+                dp_overlap) -> Bounds:
+    """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring).
+    The memory floor comes first, from `layers` (cost/step.layer_memory per row's column 11);
+    the layer contexts `keys` are priced (`build`) only for the candidates that pass it."""
     cap, L = cluster.gpu.memory_bytes, model.layers
     eff = cluster.efficiency
     vpp_domain = sorted({v for vpps in vpp_sets for v in vpps})
@@ -290,9 +297,9 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
     vmask = np.array([[v in vpps for v in vpp_domain] for vpps in vpp_sets], dtype=bool)[table[:, 10].astype(int)]
     row, zi, vi = np.nonzero(zmask.astype(bool)[:, :, None] & vmask[:, None, :])
     z, v = np.array(ZEROS)[zi], np.array(vpp_domain, dtype=float)[vi]
-    c, lay, pp, shards, eshards, m, p2p, tied, full = (x[row] for x in (c, lay, pp, shards, eshards, m, p2p, tied,
-                                                                        full))
-    dense, expert = ctx.col("dense")[c] - tied, ctx.col("expert")[c]
+    mem = table[:, 11].astype(int)
+    c, lay, pp, shards, eshards, m, p2p, tied, full, mem = (x[row] for x in (c, lay, pp, shards, eshards, m, p2p,
+                                                                             tied, full, mem))
 
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
@@ -302,19 +309,22 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
         sel = z == zero
         per_dense[sel] = sum(memory.state_bytes(1.0, zero, shards[sel]))
         per_expert[sel] = sum(memory.state_bytes(1.0, zero, eshards[sel]))
-    width = max(len(x.kinds) for x in ctx.ctx)
-    kinds = np.array([list(x.kinds) + [x.kinds[0]] * (width - len(x.kinds)) for x in ctx.ctx])
-    least_state = np.min(per_dense[:, None] * kinds[c, :, 0] + per_expert[:, None] * kinds[c, :, 1], axis=1)
-    saved = ctx.col("least_saved")[c]
+    width = max(len(kinds) for _, kinds in layers)
+    kinds = np.array([list(k) + [k[0]] * (width - len(k)) for _, k in layers])
+    least_state = np.min(per_dense[:, None] * kinds[mem, :, 0] + per_expert[:, None] * kinds[mem, :, 1], axis=1)
+    saved = np.array([least for least, _ in layers])[mem]
     floor = L / inverse_in_flight_sum(least_state, saved, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
     fits = floor * (1 - SAFETY) <= cap
     pruned = int((~fits).sum())
     least_floor = float(floor[~fits].min()) * (1 - SAFETY) if pruned else float("inf")
     keep = np.nonzero(fits)[0]
-    row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state, per_dense, per_expert = (
-        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, dense, expert, least_state,
+    row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, least_state, per_dense, per_expert = (
+        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, least_state,
                           per_dense, per_expert))
     floor = floor[keep]
+    used, c = np.unique(c, return_inverse=True)
+    ctx = build([keys[k] for k in used.tolist()])
+    dense, expert = ctx.col("dense")[c] - tied, ctx.col("expert")[c]
 
     # the largest tail is at least the optimizer step of the stage with the most parameters
     sharded = z > 0
@@ -343,7 +353,7 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, ctx, layouts, vpp_set
     bound = pipe + opt * (1 - SAFETY)
     order = np.argsort(bound, kind="stable")
     tails = _Tails(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
-                   mixed_layers=len(ctx.ctx[0].kinds) > 1, one_kind=int(layer_kind_index(model).max()) == 0,
+                   mixed_layers=width > 1, one_kind=int(layer_kind_index(model).max()) == 0,
                    **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
                                                    sigma=sigma, rec=rec, bottleneck=bottleneck, p2p=p2p,
                                                    least_state=least_state, per_dense=per_dense,
