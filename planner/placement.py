@@ -28,6 +28,7 @@ class Span:
         return "intra_node" if self.nodes == 1 else "inter_node"
 
 
+@lru_cache(maxsize=64)
 def dense_order(order: str) -> tuple[str, ...]:
     """The order without 'ep' (ep does not multiply the GPU count)."""
     dims = tuple(d for d in order.split("-") if d != "ep")
