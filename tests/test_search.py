@@ -10,14 +10,13 @@ from hypothesis import strategies as st
 
 from planner.cost.pipeline import in_flight
 from planner.cost.step import estimate
-from planner.search.bounds import inverse_in_flight_sum, reciprocal_run
 from planner.search import space, stages
 from planner.search.driver import search
+from planner.search.floors import inverse_in_flight_sum, reciprocal_run
 from planner.search.ilp import recompute_ilp
 from planner.spec.hardware import load_cluster
 from planner.spec.model import ModelSpec, MoeSpec
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
-
 
 # --- the closed forms of the lower bounds ----------------------------------------------------
 

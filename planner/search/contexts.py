@@ -1,0 +1,107 @@
+"""The layer contexts of a search (tp, cp, ep, micro-batch, recompute mode and the group spans):
+what the lower bounds read of the cost model's layer tables, as scalars and columns, and the
+collectives' affine coefficients that price many candidates' messages at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from planner.cost.step import context_tables, layer_kind_index
+from planner.spec.hardware import Cluster
+from planner.spec.model import ModelSpec
+from planner.spec.training import TrainingSetup
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the bounds need of one layer context, from the cost model's own layer prices."""
+
+    total_s: float
+    """per micro-batch: every layer's compute, base-mode recompute and tp/cp/ep time, plus the ends"""
+    comp_s: float
+    dense: float
+    expert: float
+    saved_b: float
+    saving: float
+    rec_cost_s: float
+    """least saved bytes and largest saving of a layer without recompute, least recompute time"""
+    prefix: dict
+    """the context's prefix sums (cost/step.LayerTables)"""
+    ends: dict
+    transient_bytes: float
+    prefetch_bytes: float
+    per: np.ndarray
+    """prefix sums of a layer's stage time without ZeRO, recompute counts and p2p"""
+    layer_s: float
+    """the least stage time of one layer (per's steps)"""
+    major: tuple
+    """the most numerous layer kind: (count, dense params, expert params, saved bytes, saving,
+    stage time, full recompute time) of one such layer"""
+    first_s: float
+    last_s: float
+
+
+def major(K: dict, model: ModelSpec) -> tuple:
+    """Context.major from the per-kind rows of cost/step's layer tables."""
+    counts = np.bincount(layer_kind_index(model), minlength=len(K["params"]))
+    k = int(np.argmax(counts))
+    per = K["comp"] + K["rec_b"] + K["tp"] + K["cp"] + K["ep"]
+    return (float(counts[k]), float(K["params"][k]), float(K["expert"][k]), float(K["saved_b"][k]),
+            float(K["saved_b"][k] - K["saved_f"][k]), float(per[k]), float(K["rec_f"][k]))
+
+
+class Table:
+    """The layer contexts of one search as columns (a scalar per context, or its prefix sums
+    as a matrix), each built once, on first use."""
+
+    __slots__ = ("ctx", "_columns")
+
+    def __init__(self, ctx: list):
+        self.ctx, self._columns = ctx, {}
+
+    def col(self, name: str) -> np.ndarray:
+        """A Context field, or an entry of its `ends`, per context."""
+        if name not in self._columns:
+            field = name in Context.__dataclass_fields__
+            self._columns[name] = np.array([getattr(x, name) if field else x.ends[name] for x in self.ctx])
+        return self._columns[name]
+
+    def prefix(self, name: str) -> np.ndarray:
+        """(contexts, layers + 1) prefix sums: 'per', or a key of cost/step's prefix tables."""
+        key = ("prefix", name)
+        if key not in self._columns:
+            self._columns[key] = np.stack([x.per if name == "per" else x.prefix[name] for x in self.ctx])
+        return self._columns[key]
+
+
+@lru_cache(maxsize=16384)
+def context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp: int, ep: int, mb: int,
+             sp: bool, mode: str, spans: tuple) -> Context:
+    tab = context_tables(model, cluster, setup, tp, cp, ep, mb, sp, mode, dict(zip(("tp", "cp", "ep"), spans)))
+    P, E, K, L = tab.prefix, tab.ends, tab.kinds, model.layers
+    per = P["comp"] + P["rec_b"] + P["tp"] + P["cp"] + P["ep"]
+    return Context(
+        total_s=float(per[L] + E["emb_comp"] + E["emb_tp"] + E["head_comp"] + E["head_tp"]),
+        comp_s=float(P["comp"][L] + E["emb_comp"] + E["head_comp"]),
+        dense=float(P["params"][L] + E["emb_params"] + E["head_params"]), expert=float(P["expert"][L]),
+        saved_b=float(K["saved_b"].min()), saving=float((K["saved_b"] - K["saved_f"]).max()),
+        rec_cost_s=float(K["rec_f"].min()), prefix=P, ends=E, transient_bytes=tab.transient_bytes,
+        prefetch_bytes=tab.prefetch_bytes, per=per, layer_s=float(np.diff(per).min()), major=major(K, model),
+        first_s=E["emb_comp"] + E["emb_tp"], last_s=E["head_comp"] + E["head_tp"])
+
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def affine(coef: np.ndarray, lay: np.ndarray):
+    """coll(kind, bytes, group) of cost/step's shared formulas for candidates on layouts `lay`,
+    from each collective's affine coefficients (comm.affine_s); bytes shaped (candidates, ...)."""
+    def coll(kind, n_bytes, group):
+        n_bytes = np.asarray(n_bytes)
+        k = coef[lay, KINDS.index(kind), 0 if group == "dpcp" else 1]
+        extra = (1,) * (n_bytes.ndim - 1)
+        return (k[:, 0].reshape(-1, *extra) * n_bytes + k[:, 1].reshape(-1, *extra)) * (n_bytes > 0)
+    return coll
