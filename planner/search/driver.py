@@ -29,6 +29,7 @@ from planner.cost.step import (
     stage_terms,
 )
 from planner.search import bounds, ilp, space, stages
+from planner.search.floors import SAFETY
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
@@ -121,7 +122,9 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     pruned_bound, pruned_memory_late = found_bounds.dominated, 0
     queue = _BoundOrder(found_bounds)
     for j, bound, tail in queue:
-        if best is not None and bound >= best.step_time_s:
+        if best is not None and bound >= best.step_time_s * (1 - SAFETY):
+            # bounds carry a margin of SAFETY against rounding; a candidate within it of the
+            # best ties it (improvements below SAFETY, relative, are not sought)
             pruned_bound += queue.remaining + 1
             break
         if bound == float("inf"):
