@@ -120,6 +120,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     priced = programmes = ilp_solves = 0
     optimal = True
     pruned_bound, pruned_memory_late = found_bounds.dominated, 0
+    relaxed_gaps: list[float] = []
     queue = _BoundOrder(found_bounds)
     for j, bound, tail in queue:
         if best is not None and bound >= best.step_time_s * (1 - SAFETY):
@@ -145,6 +146,8 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
         found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
                               best.step_time_s if best is not None else float("inf"), tail)
         priced += 1
+        if stats["relaxed_s"] is not None and min(c.step_time_s for c in found) > stats["relaxed_s"] * (1 + SAFETY):
+            relaxed_gaps.append(stats["relaxed_s"])
         programmes += stats["programmes"]
         ilp_solves += stats["ilp"]
         optimal &= stats["optimal"]
@@ -158,6 +161,8 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
                 closest = cand
         if progress and priced % 16 == 0:
             progress(priced, priced + queue.remaining, "pricing")
+    if best is not None and any(g < best.step_time_s * (1 - SAFETY) for g in relaxed_gaps):
+        optimal = False  # a 'full' candidate's other splits were not all priced and might win
     pool.sort(key=lambda c: (c.step_time_s, _key(c.strategy)))
     seen, alternatives = {_key(best.strategy)} if best else set(), []
     for cand in pool:
@@ -227,8 +232,11 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
            best_s: float = float("inf"), tail_floor: float = 0.0) -> tuple[list[Candidate], dict]:
     """The split: the exact DP for 1F1B with a free split (for 'full' on the relaxed tables of
     `_tables`), Megatron's first/last-stage split, or the even split. Then, for 'full', how many
-    layers each stage recomputes by the ILP. `best_s` is the best step found so far."""
-    stats = {"programmes": 0, "ilp": 0, "optimal": True}
+    layers each stage recomputes by the ILP; when that lands above the relaxed DP's step and the
+    relaxation could still beat `best_s` (the best step so far), the DP over splits and counts
+    together settles it exactly (one count for every stage, as a runtime may require, has no
+    such DP: the caller is told, and the search says it is not proven optimal)."""
+    stats = {"programmes": 0, "ilp": 0, "optimal": True, "relaxed_s": None}
     prof = profile(model, cluster, setup, s)
     cap = cluster.gpu.memory_bytes
     even = tuple(split_layers(model.layers, s.pp, s.vpp))
@@ -245,6 +253,7 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
         found = _ends_split(prof, cap)
         splits.append((found.bounds if found is not None else even, None))
     else:
+        found = None
         splits.append((even, None))
     if s.recompute == "full" and s.recompute_layers is None:
         result = _recompute(prof, splits[0][0], rules, cap, solver, time_limit_s, best_s)
@@ -252,6 +261,20 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
         if result is not None:
             splits[0] = (splits[0][0], result.recompute_layers)
             stats["optimal"] &= result.optimal
+    if s.recompute == "full" and found is not None:
+        # the split was chosen on relaxed tables (each range at its least time and least tail), so
+        # another split may do better once the counts are chosen exactly
+        exact = _step(prof, splits[0])
+        if exact > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
+            if free_split and not rules.uniform_recompute:
+                # choose the split and each stage's count together: the DP over counts is exact
+                joint = _dp_split(prof, cap, min(best_s, exact), tail_floor, counts=True)
+                if joint is not None:
+                    stats["programmes"] += joint.programmes
+                    stats["optimal"] &= joint.exhaustive
+                    splits[0] = (joint.bounds, joint.options)
+            else:
+                stats["relaxed_s"] = found.step_s  # the caller compares it with the best plan
     out = []
     for split, counts in splits:
         terms = split_terms(prof, list(split), counts)
@@ -262,34 +285,49 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
     return out, stats
 
 
-def _tables(prof, width: int):
+def _step(prof, split) -> float:
+    """The step time of a (bounds, recompute counts) pair."""
+    bounds_, counts = split
+    return split_step(split_terms(prof, list(bounds_), counts), prof.microbatches, prof.strategy.vpp)[0]
+
+
+def _tables(prof, width: int, counts: bool = False):
     """t, tail, ok of every stage position, first layer and length (<= width), shaped
-    (pp, layers+1, width) for stages.best_split. With 'full' each range takes its least
-    recompute count that fits (the least time) and the tail of recomputing all its layers (the
-    least tail): a relaxation, so the DP's step is a lower bound for every count the ILP may
-    choose afterwards and can be cut off against the best plan."""
+    (pp, layers+1, width) for stages.best_split. With 'full' and `counts`, one more axis holds
+    every count r of recomputed layers (0..width; r beyond the range's length is not an option),
+    so the DP chooses the split and each stage's count together, exactly. With 'full' and no
+    `counts`, each range takes its least count that fits (the least time) and the tail of
+    recomputing all its layers (the least tail): a relaxation, whose DP step is a lower bound
+    for every count the ILP may choose afterwards (one count for every stage, the runtime's rule)."""
     s, L = prof.strategy, prof.model.layers
     a = np.repeat(np.arange(L + 1), width)
     n = np.tile(np.arange(1, width + 1), L + 1)
     keep = a + n <= L
     a, n = a[keep], n[keep]
-    shape = (s.pp, L + 1, width)
-    t, tail = np.full(shape, np.inf), np.full(shape, np.inf)
-    ok = np.zeros(shape, dtype=bool)
     cap = prof.cluster.gpu.memory_bytes
-    # every stage position and range at once: arrays of shape (pp, ranges)
-    i = np.arange(s.pp)[:, None]
-    rng = [(a[None, :], (a + n)[None, :])]
-    size = (s.pp, len(a))
-    if s.recompute == "full":
-        counts, fits = _least_counts(prof, i, rng, np.broadcast_to(n, size), cap)
-        terms = stage_terms(prof, i, rng, counts)
-        least_tail = stage_terms(prof, i, rng, n[None, :])["tail"]
+    if counts and s.recompute == "full":
+        # every stage position, range and count at once: arrays of shape (pp, ranges, counts)
+        r = np.arange(width + 1)[None, None, :]
+        terms = stage_terms(prof, np.arange(s.pp)[:, None, None], [(a[None, :, None], (a + n)[None, :, None])], r)
+        size = (s.pp, len(a), width + 1)
+        times, tails = terms["t"], terms["tail"]
+        fits = (terms["memory"] <= cap) & (r <= n[None, :, None])
     else:
-        terms = stage_terms(prof, i, rng, 0)
-        fits, least_tail = terms["memory"] <= cap, terms["tail"]
-    t[:, a, n - 1] = np.broadcast_to(terms["t"], size)
-    tail[:, a, n - 1] = np.broadcast_to(least_tail, size)
+        # every stage position and range at once: arrays of shape (pp, ranges)
+        i, rng = np.arange(s.pp)[:, None], [(a[None, :], (a + n)[None, :])]
+        size = (s.pp, len(a))
+        if s.recompute == "full":
+            least, fits = _least_counts(prof, i, rng, np.broadcast_to(n, size), cap)
+            times, tails = stage_terms(prof, i, rng, least)["t"], stage_terms(prof, i, rng, n[None, :])["tail"]
+        else:
+            terms = stage_terms(prof, i, rng, 0)
+            times, tails, fits = terms["t"], terms["tail"], terms["memory"] <= cap
+        times, tails, fits = (np.broadcast_to(x, size)[..., None] for x in (times, tails, fits))
+        size += (1,)
+    t, tail = np.full((s.pp, L + 1, width, size[-1]), np.inf), np.full((s.pp, L + 1, width, size[-1]), np.inf)
+    ok = np.zeros(t.shape, dtype=bool)
+    t[:, a, n - 1] = np.broadcast_to(times, size)
+    tail[:, a, n - 1] = np.broadcast_to(tails, size)
     ok[:, a, n - 1] = np.broadcast_to(fits, size)
     return t, tail, ok
 
@@ -309,14 +347,16 @@ def _least_counts(prof, i, rng, n, cap):
     return np.where(none, 0, lo), none | some
 
 
-def _dp_split(prof, cap, cutoff: float = float("inf"), tail_floor: float = 0.0) -> stages.Split | None:
+def _dp_split(prof, cap, cutoff: float = float("inf"), tail_floor: float = 0.0,
+              counts: bool = False) -> stages.Split | None:
     """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`);
-    `tail_floor` is a known lower bound of every split's largest tail."""
+    `tail_floor` is a known lower bound of every split's largest tail. With `counts` (recompute
+    'full', a count per stage) it chooses each stage's count too (Split.options)."""
     s, L = prof.strategy, prof.model.layers
     width = space.stage_width(L, s.pp)
     if bounds.split_floor(prof, width) + tail_floor >= cutoff:
         return None
-    t, tail, ok = _tables(prof, width)
+    t, tail, ok = _tables(prof, width, counts)
     return stages.best_split(t, tail, ok, prof.microbatches, cutoff)
 
 
@@ -326,7 +366,7 @@ def _ends_split(prof, cap) -> stages.Split | None:
     s, L = prof.strategy, prof.model.layers
     p = s.pp
     width = space.stage_width(L, p)
-    t, tail, ok = _tables(prof, width)
+    t, tail, ok = (x[..., 0] for x in _tables(prof, width))
     m = prof.microbatches
     best = None
     for first in range(1, min(L, width + 1)):

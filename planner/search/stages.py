@@ -40,6 +40,8 @@ class Split:
     programmes: int
     """shortest-path programmes solved"""
     exhaustive: bool
+    options: tuple[int, ...] | None = None
+    """each stage's option (best_split's last table axis)"""
 
 
 def _chain(cost: np.ndarray, combine) -> tuple[float, list[np.ndarray]]:
@@ -86,7 +88,12 @@ def _shortest(cost: np.ndarray) -> tuple[float, list[int]]:
 def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: int,
                cutoff: float = INF) -> Split | None:
     """Exact best contiguous split (None when no split fits, or none can beat `cutoff`).
-    Tables are (p, L+1, N)."""
+    Tables are (p, L+1, N), or (p, L+1, N, R) with R options per stage and range (how many of
+    its layers recompute, say): under thresholds (T, U) each range takes its least t among the
+    options with t <= T and tail <= U, so the walk below is exact over splits and options
+    together; Split.options gives each stage's option."""
+    if t.ndim == 3:
+        t, tail, ok = t[..., None], tail[..., None], ok[..., None]
     p = t.shape[0]
     valid = ok & np.isfinite(t)
     solved = 0
@@ -94,22 +101,26 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     def solve(T: float, U: float):
         nonlocal solved
         solved += 1
-        total, cuts = _shortest(np.where(valid & (tail <= U) & (t <= T), t, INF))
+        allowed = np.where(valid & (tail <= U) & (t <= T), t, INF)
+        choice = np.argmin(allowed, axis=-1)
+        least = np.take_along_axis(allowed, choice[..., None], axis=-1)[..., 0]
+        total, cuts = _shortest(least)
         if not cuts:
             return None
         bounds = [(cuts[i], cuts[i + 1]) for i in range(p)]
         cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
-        t_max = max(t[c] for c in cells)
-        u_max = max(tail[c] for c in cells)
-        return (microbatches - 1) * t_max + total + u_max, bounds, total, t_max, u_max
+        options = tuple(int(choice[c]) for c in cells)
+        t_max = max(t[c + (r,)] for c, r in zip(cells, options))
+        u_max = max(tail[c + (r,)] for c, r in zip(cells, options))
+        return (microbatches - 1) * t_max + total + u_max, bounds, total, t_max, u_max, options
 
     free = solve(INF, INF)
     if free is None:
         return None
-    best_step, best_bounds, sigma_min, _, _ = free
+    best_step, best_bounds, sigma_min, _, _, best_options = free
     # Exact floors: the least bottleneck and the least largest tail any feasible split can have.
-    t_floor = least_bottleneck(np.where(valid, t, INF))
-    u_floor = least_bottleneck(np.where(valid, tail, INF))
+    t_floor = least_bottleneck(np.where(valid, t, INF).min(axis=-1))
+    u_floor = least_bottleneck(np.where(valid, tail, INF).min(axis=-1))
     if (microbatches - 1) * t_floor + sigma_min + u_floor >= cutoff:
         return None
     t_values = np.unique(t[valid])
@@ -146,9 +157,9 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
         found = solve(T, U)
         if found is None:
             continue
-        step, bounds, total, t_max, u_max = found
+        step, bounds, total, t_max, u_max, options = found
         if step < best_step:
-            best_step, best_bounds = step, bounds
+            best_step, best_bounds, best_options = step, bounds, options
         if (microbatches - 1) * t_floor + total + u_floor >= min(best_step, cutoff):
             continue
         u_next = below(u_values, u_max)
@@ -159,4 +170,5 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
             stack.append((t_next, U))
     if best_step >= cutoff:
         return None
-    return Split(bounds=tuple(best_bounds), step_s=float(best_step), programmes=solved, exhaustive=exhaustive)
+    return Split(bounds=tuple(best_bounds), step_s=float(best_step), programmes=solved, exhaustive=exhaustive,
+                 options=best_options)
