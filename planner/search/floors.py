@@ -32,7 +32,7 @@ def inverse_in_flight_sum(state, saved, pp, m, v):
     c0 = np.where(one, 1.0, ((v - 1) * pp + 1) / v)
     c1 = np.where(one, 1.0, 2.0 / v)
     n = np.where(one, np.minimum(pp, m), np.clip(np.floor((m * v - (v - 1) * pp - 1) / 2) + 1, 0, pp))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # the branches np.where drops
         x = np.where(saved > 0, (state / saved + c0) / c1, 1.0)
         progression = np.where(saved > 0, reciprocal_run(x, n) / (saved * c1), n / state)
         capped = (pp - n) / (state + m * saved)
