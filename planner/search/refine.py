@@ -68,9 +68,11 @@ class Refiner:
         at least n = ceil(L/p) layers, so the bottleneck is at least the least time of such a
         range at the first, the last or a middle stage (without the terms that need ZeRO or
         recompute counts; a stage's time only grows with its layers), and at least the first
-        stage's time with layer 0 and the last's with layer L-1. Where it is fixed and the
-        mode is 'full', each stage's least recomputation that fits (_fixed_recompute) adds to
-        its time and, beyond the model-wide recompute floor, to the sum."""
+        stage's time with layer 0 and the last's with layer L-1; and at least the least
+        bottleneck under memory (_least_bottleneck, and _greedy_bottleneck where layers differ),
+        with the least recomputation (_least_recompute) added to the sum. Where the split is fixed
+        and the mode is 'full', each stage's least recomputation that fits (_fixed_recompute)
+        adds to its time and, beyond the model-wide recompute floor, to the sum."""
         L = self.model.layers
         pp, free = self.pp[idx], ~self.fixed[idx]
         bottleneck, sigma = self.bottleneck[idx].copy(), self.sigma[idx].copy()
