@@ -101,6 +101,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     """Bound every candidate of the space (search/space.py) that honours `fixed`."""
     g = min(cluster.gpus_per_node, setup.gpus)
     contexts: dict = {}
+    span_ids: dict = {}
     memories: dict = {}
     layouts: dict = {}
     p2ps: dict = {}
@@ -124,6 +125,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
             zero_sets[zkey] = tuple(z for z in (rules.zero_with_pp if pp > 1 else rules.zero)
                                     if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
         zeros = zero_sets[zkey]
+        zmask = _mask(zeros, ZEROS)
         for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
             placed = set()
             for o, order in enumerate(orders):
@@ -131,6 +133,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                 duplicate = spans in placed  # another rank order that places every group alike
                 placed.add(spans)
                 lay = layouts.setdefault(spans[4:], len(layouts))
+                group_spans = span_ids.setdefault(spans[:3], len(span_ids))
                 for mb in mbs:
                     m = setup.global_batch // (dp * mb)
                     if (pp, m) not in vpp_sets:
@@ -148,7 +151,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                                 and not selective_saves_memory(model, shape, tp, cp, mb, sp)):
                             dominated += len(vpps) * len(zeros)  # the same memory as 'none', more time
                             continue
-                        key = (tp, cp, ep, mb, sp, mode, spans[:3])
+                        key = (tp, cp, ep, mb, sp, mode, group_spans)
                         if key not in contexts:
                             contexts[key] = len(contexts)
                         mkey = (tp, cp, ep, mb, sp, mode)
@@ -157,13 +160,15 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                         rows.append((contexts[key], lay, pp, dp * cp, max(1, dp * cp // ep), m,
                                      p2ps[(tp, cp, mb, inter)] if pp > 1 else 0.0,
                                      tied_head_params(model, tp) if pp == 1 else 0.0, mode == "full",
-                                     _mask(zeros, ZEROS), vid, memories[mkey], tp, cp, dp, ep, mb, i, o, sp))
+                                     zmask, vid, memories[mkey], tp, cp, dp, ep, mb, i, o, sp))
     outer = _Outer(np.array(rows, dtype=float).reshape(-1, 20)[:, 12:].astype(int), tuple(modes), tuple(orders),
                    fixed.get("dp_overlap", True))
     layers = [layer_memory(model, shape, *k) for k in memories]
 
+    group_spans = list(span_ids)
+
     def build(keys):  # the layer contexts, priced only for candidates that pass the memory floor
-        return Table([context(model, cluster, shape, *k) for k in keys])
+        return Table([context(model, cluster, shape, *k[:6], group_spans[k[6]]) for k in keys])
 
     return replace(_bound_rows(model, cluster, setup, rules, outer, rows, list(contexts), build, layers,
                                list(layouts), list(vpp_ids), considered, fixed.get("dp_overlap", True)),
