@@ -77,7 +77,7 @@ class Bounds:
     dominated: int = 0
     """candidates left out because another does as well with no more memory (selective
     recomputation where it keeps the same activations as none)"""
-    tails: Refiner | None = None
+    refiner: Refiner | None = None
     """None only when there is no candidate"""
 
     def knobs(self, j: int) -> dict:
@@ -89,10 +89,10 @@ class Bounds:
         (with the free split's integrality, Refiner.pipe_floor_s) plus the least largest tail
         (Refiner.floor_s), never below the first bound; infinite when no split of the candidate
         fits in memory (Refiner.fits, checked only where the bound is below `cutoff`)."""
-        tail = np.maximum(self.bound_s[idx] - self.pipe_s[idx], self.tails.floor_s(idx) * (1 - SAFETY))
-        bound = np.maximum(self.bound_s[idx], self.tails.pipe_floor_s(idx) + tail)
+        tail = np.maximum(self.bound_s[idx] - self.pipe_s[idx], self.refiner.floor_s(idx) * (1 - SAFETY))
+        bound = np.maximum(self.bound_s[idx], self.refiner.pipe_floor_s(idx) + tail)
         check = np.nonzero(bound < cutoff)[0]
-        bound[check[~self.tails.fits(idx[check])]] = np.inf
+        bound[check[~self.refiner.fits(idx[check])]] = np.inf
         return bound, tail
 
 
@@ -275,18 +275,16 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, keys, build, layers, 
     pipe = pipeline_floor_s(bottleneck, sigma, m, v)
     bound = pipe + opt * (1 - SAFETY)
     order = np.argsort(bound, kind="stable")
-    tails = Refiner(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
-                   mixed_layers=width > 1, one_kind=int(layer_kind_index(model).max()) == 0,
-                   **{k: x[order] for k, x in dict(c=c, lay=lay, pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards,
-                                                   sigma=sigma, rec=rec, bottleneck=bottleneck, p2p=p2p,
-                                                   least_state=least_state, per_dense=per_dense,
-                                                   per_expert=per_expert,
-                                                   eshards=eshards, tied=tied, full=full, fixed=fixed).items()})
+    columns = {"c": c, "lay": lay, "pp": pp, "vpp": v.astype(int), "m": m, "zero": z, "shards": shards,
+               "eshards": eshards, "sigma": sigma, "rec": rec, "least_state": least_state, "per_dense": per_dense,
+               "per_expert": per_expert, "bottleneck": bottleneck, "p2p": p2p, "tied": tied, "full": full,
+               "fixed": fixed}
+    refiner = Refiner(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
+                      mixed_layers=width > 1, one_kind=int(layer_kind_index(model).max()) == 0,
+                      **{k: x[order] for k, x in columns.items()})
     return Bounds(outer=outer, row=row[order], pp=pp[order], zero=z[order], vpp=v[order].astype(int),
-                  floor_bytes=floor[order],
-                  bound_s=bound[order],
-                  pipe_s=pipe[order], considered=considered, pruned_memory=pruned, least_floor_bytes=least_floor,
-                  tails=tails)
+                  floor_bytes=floor[order], bound_s=bound[order], pipe_s=pipe[order], considered=considered,
+                  pruned_memory=pruned, least_floor_bytes=least_floor, refiner=refiner)
 
 
 def even_split_max(ctx: Table, c: np.ndarray, pp: np.ndarray, v: np.ndarray, layers: int) -> np.ndarray:
