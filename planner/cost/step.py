@@ -334,8 +334,8 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     sums = _stage_sums(prof, chunks, recompute_layers, _PREFIX_KEYS)
     comp = sums["comp"] + first * E["emb_comp"] + last * E["head_comp"]
     tp = sums["tp"] + first * E["emb_tp"] + last * E["head_tp"]
-    dense = sums["params"] + first * E["emb_params"] + last * E["head_params"]
-    saved = sums["saved"] + first * E["emb_saved"]
+    dense, saved, head_saved = stage_ends(first, last, sums["params"], sums["saved"], E["emb_params"],
+                                          E["head_params"], E["emb_saved"], E["head_saved"])
 
     def coll(kind, n_bytes, group):
         return comm.collective_time_s(kind, n_bytes, prof.spans[group], cluster)
@@ -358,7 +358,7 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
         acts, other = inflight * sums["main"], 0.0 * gemm_w
     else:
         weights, grads, optim, acts, other = stage_memory(
-            s.zero, dense, sums["expert"], shards, eshards, inflight, saved, last * E["head_saved"],
+            s.zero, dense, sums["expert"], shards, eshards, inflight, saved, head_saved,
             prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes)
     return {"t": t, "compute": comp, "recompute": sums["rec"], "tp_comm": tp, "cp_comm": sums["cp"],
             "ep_comm": sums["ep"], "pp_comm": prof.p2p_s + 0.0 * comp, "z": z, "dp_exposed": exposed,
@@ -398,11 +398,18 @@ def stage_memory_bytes(prof: Profile, i, chunks, recompute_layers=0):
     s, E = prof.strategy, prof.ends
     first, last = np.equal(i, 0), np.equal(i, s.pp - 1)
     sums = _stage_sums(prof, chunks, recompute_layers, ("params", "expert"))
-    dense = sums["params"] + first * E["emb_params"] + last * E["head_params"]
+    dense, saved, head_saved = stage_ends(first, last, sums["params"], sums["saved"], E["emb_params"],
+                                          E["head_params"], E["emb_saved"], E["head_saved"])
     return sum(stage_memory(s.zero, dense, sums["expert"], s.dp * s.cp, max(1, s.dp * s.cp // s.ep),
-                            pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp),
-                            sums["saved"] + first * E["emb_saved"], last * E["head_saved"],
+                            pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
                             prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes))
+
+
+def stage_ends(first, last, params, saved, emb_params, head_params, emb_saved, head_saved) -> tuple:
+    """(dense parameters, saved bytes per micro-batch, the LM head's saved bytes) of a pipeline
+    stage whose layers hold `params` and `saved`: the first stage also holds the embedding, the
+    last the LM head. Arrays broadcast."""
+    return params + first * emb_params + last * head_params, saved + first * emb_saved, last * head_saved
 
 
 def stage_memory(zero: int, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,

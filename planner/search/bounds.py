@@ -46,6 +46,7 @@ from planner.search.contexts import KINDS, Table, affine, context
 from planner.search.floors import (
     SAFETY,
     inverse_in_flight_sum,
+    layer_state_bytes,
     pipeline_floor_s,
     recompute_floor,
 )
@@ -234,7 +235,8 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, keys, build, layers, 
         per_expert[sel] = sum(memory.state_bytes(1.0, zero, eshards[sel]))
     width = max(len(kinds) for _, kinds in layers)
     kinds = np.array([list(k) + [k[0]] * (width - len(k)) for _, k in layers])
-    least_state = np.min(per_dense[:, None] * kinds[mem, :, 0] + per_expert[:, None] * kinds[mem, :, 1], axis=1)
+    least_state = np.min(layer_state_bytes(per_dense[:, None], per_expert[:, None], kinds[mem, :, 0],
+                                           kinds[mem, :, 1]), axis=1)
     saved = np.array([least for least, _ in layers])[mem]
     floor = L / inverse_in_flight_sum(least_state, saved, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
     fits = floor * (1 - SAFETY) <= cap

@@ -12,6 +12,13 @@ SAFETY = 1e-9
 """relative slack on every bound and floor: the closed forms round differently from the pricing"""
 
 
+def layer_state_bytes(per_dense, per_expert, params, expert):
+    """Weights, gradients and optimizer states of a layer with `params` dense and `expert` expert
+    parameters, at `per_dense` and `per_expert` bytes a parameter (memory.state_bytes summed for
+    the candidate's ZeRO stage and shards). Arrays broadcast."""
+    return per_dense * params + per_expert * expert
+
+
 def pipeline_floor_s(bottleneck, sigma, m, v):
     """(m - 1/v) * max t + sum t / v (cost/pipeline.py) at its least: max t >= `bottleneck`,
     sum t >= `sigma`; infinite where no split fits (an infinite bottleneck, even with m = 1)."""

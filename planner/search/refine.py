@@ -11,10 +11,10 @@ import numpy as np
 
 from planner.cost import memory
 from planner.cost.pipeline import even_chunks, in_flight
-from planner.cost.step import dp_grad_bytes, stage_memory, stage_tail_s
+from planner.cost.step import dp_grad_bytes, stage_ends, stage_memory, stage_tail_s
 from planner.search import space
 from planner.search.contexts import Table, affine
-from planner.search.floors import SAFETY, pipeline_floor_s
+from planner.search.floors import SAFETY, layer_state_bytes, pipeline_floor_s
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup
@@ -158,7 +158,7 @@ class Refiner:
                       self.ctx.col("rec_cost_s")[c][col])
         if self.mixed_layers:
             count, params, expert, saved, saving, tau, rec = self.ctx.col("major")[c].T
-            state = self.per_dense[j] * params + self.per_expert[j] * expert
+            state = layer_state_bytes(self.per_dense[j], self.per_expert[j], params, expert)
             yield Layers(int(count[0]), state[col], saved[col], saving[col], tau[col], rec[col])
 
     def _least_bottleneck(self, j: np.ndarray, p: int, cls: Layers) -> np.ndarray:
@@ -351,11 +351,10 @@ class Refiner:
         stage_memory): the first and/or the last stage, `inflight` micro-batches in flight,
         activations from prefix `saved_key` less `less_saved` per micro-batch, and the rebuild
         buffer of a recomputed layer when `rebuilt`."""
-        dense = total("params")
-        extra = (1,) * (dense.ndim - 1)
-        dense = dense + first * end("emb_params") + last * (end("head_params") - self.tied[j].reshape(-1, *extra))
-        saved = total(saved_key) + first * end("emb_saved") - less_saved
-        head = last * end("head_saved")
+        extra = (1,) * (total("params").ndim - 1)
+        dense, saved, head = stage_ends(first, last, total("params"), total(saved_key) - less_saved,
+                                        end("emb_params"), end("head_params") - self.tied[j].reshape(-1, *extra),
+                                        end("emb_saved"), end("head_saved"))
         transient = self.ctx.col("transient_bytes")[self.c[j]].reshape(-1, *extra) * rebuilt
         prefetch = self.ctx.col("prefetch_bytes")[self.c[j]].reshape(-1, *extra)
         expert = total("expert")
@@ -429,8 +428,8 @@ class Refiner:
     def _least_tail(self, j: np.ndarray, stage: int, pp: int, chunks: list) -> np.ndarray:
         """Least tail over the options (last axis) of stage `stage` holding `chunks`."""
         total, end = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
-        dense = (total("params") + end("emb_params") * (stage == 0)
-                 + (end("head_params") - self.tied[j][:, None]) * (stage == pp - 1))
+        dense = stage_ends(stage == 0, stage == pp - 1, total("params"), 0.0, end("emb_params"),
+                           end("head_params") - self.tied[j][:, None], 0.0, 0.0)[0]
         rec = np.where(self.full[j][:, None], total("rec_f"), total("rec_b"))
         col = (slice(None), None)
         exposed, opt = stage_tail_s(affine(self.coef, self.lay[j]), self.zero[j][col],
