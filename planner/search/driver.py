@@ -241,54 +241,46 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
     cap = cluster.gpu.memory_bytes
     even = tuple(split_layers(model.layers, s.pp, s.vpp))
     free_split = rules.free_split(s.pp, s.vpp)
-    splits: list[tuple[tuple, tuple | None]] = []
+    found = None
     if free_split:
         found = _dp_split(prof, cap, best_s, tail_floor)
         if found is not None:
             stats["programmes"] += found.programmes
             stats["optimal"] &= found.exhaustive
-        # nothing fits: price the even split to say by how much
-        splits.append((found.bounds if found is not None else even, None))
     elif s.pp > 2 and s.vpp == 1 and rules.uneven_split == "ends":
         found = _ends_split(prof, cap)
-        splits.append((found.bounds if found is not None else even, None))
-    else:
-        found = None
-        splits.append((even, None))
+    split = found.bounds if found is not None else even  # nothing fits: the even split says by how much
+    counts = None
     if s.recompute == "full" and s.recompute_layers is None:
-        result = _recompute(prof, splits[0][0], rules, cap, solver, time_limit_s, best_s)
+        result = _recompute(prof, split, rules, cap, solver, time_limit_s, best_s)
         stats["ilp"] += result is not None and not result.shortcut
         if result is not None:
-            splits[0] = (splits[0][0], result.recompute_layers)
+            counts = result.recompute_layers
             stats["optimal"] &= result.optimal
+    cand = _candidate(prof, split, counts)
     if s.recompute == "full" and found is not None:
         # the split was chosen on relaxed tables (each range at its least time and least tail), so
         # another split may do better once the counts are chosen exactly
-        exact = _step(prof, splits[0])
-        if exact > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
+        if cand.step_time_s > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
             if free_split and not rules.uniform_recompute:
                 # choose the split and each stage's count together: the DP over counts is exact
-                joint = _dp_split(prof, cap, min(best_s, exact), tail_floor, counts=True)
+                joint = _dp_split(prof, cap, min(best_s, cand.step_time_s), tail_floor, counts=True)
                 if joint is not None:
                     stats["programmes"] += joint.programmes
                     stats["optimal"] &= joint.exhaustive
-                    splits[0] = (joint.bounds, joint.options)
+                    cand = _candidate(prof, joint.bounds, joint.options)
             else:
                 stats["relaxed_s"] = found.step_s  # the caller compares it with the best plan
-    out = []
-    for split, counts in splits:
-        terms = split_terms(prof, list(split), counts)
-        step = split_step(terms, prof.microbatches, s.vpp)[0]
-        peak = float(np.max(terms["memory"]))
-        out.append(Candidate(strategy=s, bounds=tuple(split), recompute_layers=counts, step_time_s=step,
-                             peak_memory_bytes=peak, fits=peak <= cap))
-    return out, stats
+    return [cand], stats
 
 
-def _step(prof, split) -> float:
-    """The step time of a (bounds, recompute counts) pair."""
-    bounds_, counts = split
-    return split_step(split_terms(prof, list(bounds_), counts), prof.microbatches, prof.strategy.vpp)[0]
+def _candidate(prof, split, counts) -> Candidate:
+    """A split (with per-stage recompute counts, or None) priced by the cost model."""
+    terms = split_terms(prof, list(split), counts)
+    peak = float(np.max(terms["memory"]))
+    return Candidate(strategy=prof.strategy, bounds=tuple(split), recompute_layers=counts,
+                     step_time_s=split_step(terms, prof.microbatches, prof.strategy.vpp)[0],
+                     peak_memory_bytes=peak, fits=peak <= prof.cluster.gpu.memory_bytes)
 
 
 def _tables(prof, width: int, counts: bool = False):
