@@ -195,6 +195,7 @@ class _BoundOrder:
 
     FIRST_BATCH = 128
     MAX_BATCH = 4096
+    CUTOFF_BATCH = 16384
 
     def __init__(self, found: bounds.Bounds):
         self.found, self.next, self.heap, self.batch = found, 0, [], self.FIRST_BATCH
@@ -216,7 +217,13 @@ class _BoundOrder:
                 bound, j, tail = heapq.heappop(self.heap)
                 yield j, bound, tail
                 continue
-            idx = np.arange(self.next, min(len(first), self.next + self.batch))
+            stop = min(len(first), self.next + self.batch)
+            if self.cutoff < float("inf"):
+                # with a plan found, exactly the candidates whose first bounds are below it need
+                # refining: one batch of them all costs less than the same rows in many batches
+                below = int(np.searchsorted(first, self.cutoff * (1 - SAFETY)))
+                stop = max(self.next + 1, min(below, self.next + self.CUTOFF_BATCH))
+            idx = np.arange(self.next, stop)
             refined, tails = self.found.refined_s(idx, self.cutoff)
             for item in zip(refined.tolist(), idx.tolist(), tails.tolist()):
                 heapq.heappush(self.heap, item)
