@@ -237,13 +237,19 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
                flash=setup.attention == "flash", dropout=model.dropout)
 
 
+def base_mode(recompute: str) -> str:
+    """The recompute mode of a layer context's base rows: 'full' prices its counts from the
+    full-recompute rows beside the rows of no recomputation, so its base is 'none'."""
+    return "none" if recompute == "full" else recompute
+
+
 def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp: int, ep: int,
                    micro_batch: int, sequence_parallel: bool, recompute: str, spans: dict) -> LayerTables:
     """The layer tables of a layer context: what every strategy with these tp, cp, ep,
     micro-batch, sequence parallelism, recompute mode and tp/cp/ep group spans shares."""
     return _layer_tables(model, cluster, setup.precision, layer_ctx(model, setup, tp, cp, ep, micro_batch,
                                                                     sequence_parallel),
-                         "none" if recompute == "full" else recompute, spans["tp"], spans["cp"], spans["ep"])
+                         base_mode(recompute), spans["tp"], spans["cp"], spans["ep"])
 
 
 @lru_cache(maxsize=16384)

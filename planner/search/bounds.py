@@ -32,6 +32,7 @@ from planner.cost import comm, compute, memory
 from planner.cost.pipeline import even_chunks, in_flight
 from planner.cost.step import (
     ADAM_BYTES_PER_PARAM,
+    base_mode,
     dp_grad_bytes,
     layer_kind_index,
     layer_memory,
@@ -152,7 +153,8 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                                 and not selective_saves_memory(model, shape, tp, cp, mb, sp)):
                             dominated += len(vpps) * len(zeros)  # the same memory as 'none', more time
                             continue
-                        key = (tp, cp, ep, mb, sp, mode, group_spans)
+                        # 'full' reads the same layer context as 'none' (its base rows)
+                        key = (tp, cp, ep, mb, sp, base_mode(mode), group_spans)
                         if key not in contexts:
                             contexts[key] = len(contexts)
                         mkey = (tp, cp, ep, mb, sp, mode)
