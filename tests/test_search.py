@@ -317,3 +317,36 @@ def test_search_equals_brute_force_when_memory_is_tight(instance):
         return
     assert result.proven_optimal
     assert result.best.step_time_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_strategies_with_equal_pricing_keys_price_alike():
+    """The search prices one strategy per pricing_key (cost/step.py) and gives the others its
+    price: every split and recompute count must then cost the same under each of them. llama3-70b
+    on 576 H100 has such ties (dp*cp fixed, micro-batch scaled with cp)."""
+    from planner.cost.step import pricing_key, profile
+    from planner.spec.model import load_model
+
+    model = load_model("llama3-70b")
+    setup = TrainingSetup(gpus=576, global_batch=1024, seq_len=8192)
+    groups: dict = {}
+    for tp, cp, zero, mode in itertools.product((2, 4), (1, 2, 4, 8), (0, 1, 3), ("none", "full")):
+        pp = 9
+        dp = setup.gpus // (tp * cp * pp)
+        for mb in (1, 2, 4):
+            if setup.global_batch % (dp * mb):
+                continue
+            s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, micro_batch=mb, zero=zero, recompute=mode,
+                         sequence_parallel=True)
+            if strategy_problems(s, model, setup):
+                continue
+            groups.setdefault(pricing_key(profile(model, CLUSTER, setup, s)), []).append(s)
+    ties = [g for g in groups.values() if len(g) > 1]
+    assert ties  # the equivalence this test is about occurs here
+    uneven = [(0, 6), *((6 + 9 * k, 15 + 9 * k) for k in range(7)), (69, 80)]
+    for group in ties:
+        for bounds in (None, uneven):
+            for counts in ((None,) if group[0].recompute != "full" else (None, (3,) * 9, tuple(range(9)))):
+                priced = {(e.step_time_s, e.peak_memory_bytes)
+                          for e in (estimate(model, CLUSTER, setup, s, bounds=bounds, recompute_layers=counts)
+                                    for s in group)}
+                assert len(priced) == 1, (group, bounds, counts, priced)

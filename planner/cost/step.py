@@ -199,6 +199,19 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
                    prefetch_bytes=tables.prefetch_bytes, spans=spans)
 
 
+def pricing_key(prof: Profile) -> tuple:
+    """Everything the split and recompute pricing of a profile reads (stage_terms, split_terms,
+    split_step and the search's DP and ILP), for one model, cluster and setup: two profiles with
+    equal keys have equal prices for every split and recompute count. Distinct strategies share
+    a key when their layer prices come out equal, e.g. cp and micro-batch scaled together with
+    dp*cp fixed (tests/test_search.py shows such ties)."""
+    s = prof.strategy
+    return (s.pp, s.vpp, s.tp, s.zero, s.dp_overlap, s.dp * s.cp, max(1, s.dp * s.cp // s.ep), s.recompute,
+            s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.p2p_s, prof.transient_bytes,
+            prof.prefetch_bytes, prof.spans["dpcp"], prof.spans["edp"], tuple(sorted(prof.ends.items())),
+            tuple(prof.prefix[k].tobytes() for k in sorted(prof.prefix)))
+
+
 def tied_head_params(model: ModelSpec, tp: int) -> float:
     """Parameters the LM head does not hold on its own when one stage holds the whole model and
     the embedding table serves as the head (tied embeddings)."""

@@ -7,7 +7,8 @@ batch of them refined (vectorised) before its first pop: tail floors, the bottle
 memory, and whether any split fits (_BoundOrder). The search stops when the next bound is no
 better than the best plan that fits, so what it returns is the best in the space of
 search/space.py under the cost model, with each 1F1B split from the exact DP (search/stages.py)
-and each recompute count from the ILP (search/ilp.py).
+and each recompute count from the ILP (search/ilp.py). A choice whose prices equal those of one
+priced before (cost/step.pricing_key) is not priced again: it cannot beat the best.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import gc
 import heapq
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from planner.cost.pipeline import chunk_arrays, split_layers, step_time_s
 from planner.cost.step import (
     StepEstimate,
     estimate,
+    pricing_key,
     profile,
     split_step,
     split_terms,
@@ -134,6 +136,7 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
     optimal = True
     pruned_bound, pruned_memory_late = found_bounds.dominated, 0
     relaxed_gaps: list[float] = []
+    priced_like: dict[tuple, list[Candidate]] = {}  # pricing_key -> what its first strategy was priced at
     queue = _BoundOrder(found_bounds)
     for j, bound, tail in queue:
         if best is not None and bound >= best.step_time_s * (1 - SAFETY):
@@ -149,21 +152,31 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
                 for k in np.argsort(found_bounds.floor_bytes, kind="stable")[:CLOSEST_TRIES].tolist():
                     s = _strategy(found_bounds, k, fixed)
                     if not strategy_problems(s, model, setup):
-                        for cand in _price(model, cluster, setup, s, rules, solver, time_limit_s)[0]:
+                        for cand in _price(profile(model, cluster, setup, s), rules, solver, time_limit_s)[0]:
                             if closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
                                 closest = cand
             break
         s = _strategy(found_bounds, j, fixed)
         if strategy_problems(s, model, setup):
             continue
-        found, stats = _price(model, cluster, setup, s, rules, solver, time_limit_s,
-                              best.step_time_s if best is not None else float("inf"), tail)
-        priced += 1
-        if stats["relaxed_s"] is not None and min(c.step_time_s for c in found) > stats["relaxed_s"] * (1 + SAFETY):
-            relaxed_gaps.append(stats["relaxed_s"])
-        programmes += stats["programmes"]
-        ilp_solves += stats["ilp"]
-        optimal &= stats["optimal"]
+        prof = profile(model, cluster, setup, s)
+        key = pricing_key(prof)
+        if key in priced_like:
+            # another strategy with the same prices for every split was priced: its optimum is
+            # this one's, and it cannot beat the best found since (which is no worse than it, or
+            # than the cutoff its DP proved unbeatable); its split keeps a runner-up's price
+            pruned_bound += 1
+            found = [replace(c, strategy=s) for c in priced_like[key]]
+        else:
+            found, stats = _price(prof, rules, solver, time_limit_s,
+                                  best.step_time_s if best is not None else float("inf"), tail)
+            priced_like[key] = found
+            priced += 1
+            if stats["relaxed_s"] is not None and min(c.step_time_s for c in found) > stats["relaxed_s"] * (1 + SAFETY):
+                relaxed_gaps.append(stats["relaxed_s"])
+            programmes += stats["programmes"]
+            ilp_solves += stats["ilp"]
+            optimal &= stats["optimal"]
         for cand in found:
             if cand.fits:
                 pool.append(cand)
@@ -248,8 +261,8 @@ def _key(s: Strategy) -> tuple:
     return (s.dp, s.tp, s.pp, s.cp, s.ep, s.vpp, s.micro_batch, s.zero, s.recompute, s.order, s.sequence_parallel)
 
 
-def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
-           best_s: float = float("inf"), tail_floor: float = 0.0) -> tuple[list[Candidate], dict]:
+def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf"),
+           tail_floor: float = 0.0) -> tuple[list[Candidate], dict]:
     """The split: the exact DP for 1F1B with a free split (for 'full' on the relaxed tables of
     `_tables`), Megatron's first/last-stage split, or the even split. Then, for 'full', how many
     layers each stage recomputes by the ILP; when that lands above the relaxed DP's step and the
@@ -257,9 +270,9 @@ def _price(model, cluster, setup, s: Strategy, rules, solver, time_limit_s,
     together settles it exactly (one count for every stage, as a runtime may require, has no
     such DP: the caller is told, and the search says it is not proven optimal)."""
     stats = {"programmes": 0, "ilp": 0, "optimal": True, "relaxed_s": None}
-    prof = profile(model, cluster, setup, s)
-    cap = cluster.gpu.memory_bytes
-    even = tuple(split_layers(model.layers, s.pp, s.vpp))
+    s = prof.strategy
+    cap = prof.cluster.gpu.memory_bytes
+    even = tuple(split_layers(prof.model.layers, s.pp, s.vpp))
     free_split = rules.free_split(s.pp, s.vpp)
     found = None
     if free_split:
