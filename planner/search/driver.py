@@ -248,7 +248,12 @@ class _BoundOrder:
                 # with a plan found, exactly the candidates whose first bounds are below it need
                 # refining: one batch of them all costs less than the same rows in many batches
                 below = int(np.searchsorted(first, self.cutoff * (1 - SAFETY)))
-                stop = max(self.next + 1, min(below, self.next + self.CUTOFF_BATCH))
+                if below <= self.next:
+                    # no candidate left has a first bound below the best: the caller stops here
+                    self.next += 1
+                    yield self.next - 1, float(first[self.next - 1]), 0.0
+                    continue
+                stop = min(below, self.next + self.CUTOFF_BATCH)
             idx = np.arange(self.next, stop)
             refined, tails = self.found.refined_s(idx, self.cutoff)
             for item in zip(refined.tolist(), idx.tolist(), tails.tolist()):
