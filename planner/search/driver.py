@@ -109,8 +109,9 @@ def infeasible_message(result: SearchResult, cluster: Cluster) -> str:
 def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict | None = None,
            solver: str = "highs", time_limit_s: float = 10.0, top: int = 3, progress=None) -> SearchResult:
     """Best strategy in the space of search/space.py honouring the `fixed` knobs."""
-    # the search allocates many small objects that live in the cost model's caches and form no
-    # reference cycles; the cyclic collector would only walk them again and again (7% of a search)
+    # the search allocates many small objects that live on in the cost model's caches; the cyclic
+    # collector would walk them again and again (about 5% of a search). Any cycles left behind
+    # are collected once it runs again.
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -216,8 +217,10 @@ class _BoundOrder:
     """Candidates in the order of their refined bounds: the first bounds are sorted; the next
     batch of them is refined (Bounds.refined_s, vectorised) into a heap only when the heap's
     least refined bound is no longer below the next first bound, so the refinement costs in
-    proportion to how far the search gets. Yields (candidate, refined bound, floor of its
-    largest tail); every bound yielded after the first plan is found is the least remaining."""
+    proportion to how far the search gets. Batches double until a plan is found; after it, one
+    batch holds every candidate whose first bound is below the plan. Yields (candidate, refined
+    bound, floor of its largest tail); every bound yielded after the first plan is found is the
+    least remaining."""
 
     FIRST_BATCH = 128
     MAX_BATCH = 4096
