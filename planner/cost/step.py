@@ -199,6 +199,12 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
                    prefetch_bytes=tables.prefetch_bytes, spans=spans)
 
 
+def state_shards(s: Strategy) -> tuple[int, int]:
+    """The ranks ZeRO shards a stage's states over: dp*cp for dense parameters, the expert
+    data-parallel group dp*cp/ep for experts."""
+    return s.dp * s.cp, max(1, s.dp * s.cp // s.ep)
+
+
 def pricing_key(prof: Profile) -> tuple:
     """Everything the split and recompute pricing of a profile reads (stage_terms, split_terms,
     split_step and the search's DP and ILP), for one model, cluster and setup: two profiles with
@@ -206,7 +212,7 @@ def pricing_key(prof: Profile) -> tuple:
     a key when their layer prices come out equal, e.g. cp and micro-batch scaled together with
     dp*cp fixed (tests/test_search.py shows such ties)."""
     s = prof.strategy
-    return (s.pp, s.vpp, s.tp, s.zero, s.dp_overlap, s.dp * s.cp, max(1, s.dp * s.cp // s.ep), s.recompute,
+    return (s.pp, s.vpp, s.tp, s.zero, s.dp_overlap, *state_shards(s), s.recompute,
             s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.p2p_s, prof.transient_bytes,
             prof.prefetch_bytes, prof.spans["dpcp"], prof.spans["edp"], tuple(sorted(prof.ends.items())),
             tuple(prof.prefix[k].tobytes() for k in sorted(prof.prefix)))
@@ -364,7 +370,7 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
         per_mb = zero_traffic_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"])
         z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
     t = comp + sums["rec"] + tp + sums["cp"] + sums["ep"] + prof.p2p_s + z
-    shards, eshards = s.dp * s.cp, max(1, s.dp * s.cp // s.ep)
+    shards, eshards = state_shards(s)
     # recomputation runs inside backward and hides traffic too
     exposed, opt = stage_tail_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
                                 sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster)
@@ -419,7 +425,7 @@ def stage_memory_bytes(prof: Profile, i, chunks, recompute_layers=0):
     sums = _stage_sums(prof, chunks, recompute_layers, ("params", "expert"))
     dense, saved, head_saved = stage_ends(first, last, sums["params"], sums["saved"], E["emb_params"],
                                           E["head_params"], E["emb_saved"], E["head_saved"])
-    return sum(stage_memory(s.zero, dense, sums["expert"], s.dp * s.cp, max(1, s.dp * s.cp // s.ep),
+    return sum(stage_memory(s.zero, dense, sums["expert"], *state_shards(s),
                             pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
                             prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes))
 
