@@ -276,15 +276,23 @@ class Refiner:
         layers recomputed, whichever holds less."""
         out = np.ones(len(idx), dtype=bool)
         for p, v, sel in self._fixed_groups(idx):
-            kept, rebuilt, _, _, _ = self._fixed_memory(idx[sel], p, v)
-            least = np.where(self.full[idx[sel]][:, None], np.minimum(kept, rebuilt), kept)
-            out[sel] = np.all(least * (1 - SAFETY) <= self.cluster.gpu.memory_bytes, axis=1)
+            out[sel] = self._even_fits(idx[sel], p, v)
         pp, free = self.pp[idx], ~self.fixed[idx]
         for p in sorted(set(pp[free].tolist()) - {1}):
             sel = np.nonzero(free & (pp == p))[0]
+            # the even split is one of the free splits: where it fits, some split does
+            sel = sel[~self._even_fits(idx[sel], p, 1)]
             for part in range(0, len(sel), SLICE):  # arrays of (candidates, layers, width)
                 out[sel[part:part + SLICE]] = self._split_exists(idx[sel[part:part + SLICE]], p)
         return out
+
+    def _even_fits(self, j: np.ndarray, p: int, v: int) -> np.ndarray:
+        """Per candidate, whether every stage of the even split fits at its least (as in fits)."""
+        memory, _ = self._even_memory(j, p, v)
+        kept = memory("saved_b", False)
+        full = self.full[j]
+        least = np.where(full[:, None], np.minimum(kept, memory("saved_f", True)), kept) if full.any() else kept
+        return np.all(least * (1 - SAFETY) <= self.cluster.gpu.memory_bytes, axis=1)
 
     def _split_exists(self, j: np.ndarray, p: int) -> np.ndarray:
         """Per candidate, whether some contiguous split into p stages of at most stage_width
@@ -375,21 +383,28 @@ class Refiner:
         for p, v in sorted(set(zip(pp[fixed].tolist(), vpp[fixed].tolist()))):
             yield p, v, np.nonzero(fixed & (pp == p) & (vpp == v))[0]
 
-    def _fixed_memory(self, j: np.ndarray, p: int, v: int):
-        """Per candidate and stage of the even split: peak memory with no layer recomputed,
-        with all of them recomputed, with the rebuild buffer but nothing recomputed yet, how
-        much each recomputed layer saves at most (the model's largest per-layer saving: memory
-        is at least affine in the count then), and the stage's layer count."""
+    def _even_memory(self, j: np.ndarray, p: int, v: int):
+        """memory(saved_key, rebuilt, less_saved=0.0): _memory of candidates j's stages under the
+        even split into p x v chunks, shaped (candidates, p); and each stage's layer count."""
         chunks, sizes = even_chunks(self.model.layers, p, v)
         total, end = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
         stage = np.arange(p)[None, :]
         args = (j, total, end, stage == 0, stage == p - 1, in_flight(stage, p, self.m[j][:, None], v))
-        kept = self._memory(*args, "saved_b", False)
-        rebuilt = self._memory(*args, "saved_f", True)
-        buffered = self._memory(*args, "saved_b", True)
+
+        def memory(saved_key: str, rebuilt: bool, less_saved=0.0) -> np.ndarray:
+            return self._memory(*args, saved_key, rebuilt, less_saved)
+
+        return memory, np.broadcast_to(sizes, (len(j), p))
+
+    def _fixed_memory(self, j: np.ndarray, p: int, v: int):
+        """Per candidate and stage of the even split: peak memory with no layer recomputed,
+        with the rebuild buffer but nothing recomputed yet, how much each recomputed layer saves
+        at most (the model's largest per-layer saving: memory is at least affine in the count
+        then), and the stage's layer count."""
+        memory, sizes = self._even_memory(j, p, v)
+        buffered = memory("saved_b", True)
         saving = self.ctx.col("saving")[self.c[j]][:, None]
-        step = buffered - self._memory(*args, "saved_b", True, saving)
-        return kept, rebuilt, buffered, step, np.broadcast_to(sizes, (len(j), p))
+        return memory("saved_b", False), buffered, buffered - memory("saved_b", True, saving), sizes
 
     def _fixed_recompute(self, idx: np.ndarray):
         """Per 'full' candidate with a fixed split, the least recomputation time of each stage
@@ -403,7 +418,7 @@ class Refiner:
             if not len(sel):
                 continue
             j = idx[sel]
-            kept, _, buffered, step, sizes = self._fixed_memory(j, p, v)
+            kept, buffered, step, sizes = self._fixed_memory(j, p, v)
             with np.errstate(divide="ignore", invalid="ignore"):
                 need = np.where(step > 0, np.ceil((buffered * (1 - SAFETY) - cap) / step - SAFETY), 1.0)
             layers = np.where(kept * (1 - SAFETY) <= cap, 0.0, np.clip(need, 1, sizes))
