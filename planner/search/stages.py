@@ -44,43 +44,50 @@ class Split:
     """each stage's option (best_split's last table axis)"""
 
 
-def _chain(cost: np.ndarray, combine) -> tuple[float, list[np.ndarray]]:
-    """The recursion over stages both programmes share: best[i][b] = min_n combine(best[i-1][b-n],
-    cost[i, b-n, n-1]) with a_0 = 0; returns the value at b = L and each stage's chosen lengths."""
-    p, n1, width = cost.shape
-    end = n1 - 1
+def _skew(cost: np.ndarray) -> np.ndarray:
+    """cost[i, a, n-1] (stage i holding [a, a+n)) re-indexed by where the stage ends:
+    out[i, b, n-1] = cost[i, b-n, n-1], INF where b < n. Extra trailing axes ride along."""
+    n1, width = cost.shape[1], cost.shape[2]
     b = np.arange(n1)[:, None]
     n = np.arange(1, width + 1)[None, :]
-    start = b - n
-    valid = start >= 0
-    start_c = np.where(valid, start, 0)
-    lengths = np.arange(1, width + 1)
+    out = cost[:, np.maximum(b - n, 0), np.broadcast_to(n - 1, (n1, width))]
+    if np.issubdtype(out.dtype, np.bool_):
+        return out & (b >= n).reshape((1, n1, width) + (1,) * (cost.ndim - 3))
+    return np.where((b >= n).reshape((1, n1, width) + (1,) * (cost.ndim - 3)), out, INF)
+
+
+def _chain(skewed: np.ndarray, combine) -> tuple[float, list[np.ndarray]]:
+    """The recursion over stages both programmes share, on _skew's layout: best[i][b] = min_n
+    combine(best[i-1][b-n], skewed[i, b, n-1]) with stage 0 starting at layer 0; returns the
+    value at b = L and each later stage's table of combined values (for the cut points)."""
+    p, n1, width = skewed.shape
+    b = np.arange(n1)[:, None]
+    start = np.maximum(b - np.arange(1, width + 1)[None, :], 0)
+    lengths = np.arange(1, min(width, n1 - 1) + 1)
     best = np.full(n1, INF)
-    reach = lengths <= end
-    best[lengths[reach]] = cost[0, 0, reach]
-    choices = []
+    best[lengths] = skewed[0, lengths, lengths - 1]
+    totals = []
     for i in range(1, p):
-        total = np.where(valid, combine(best[start_c], cost[i, start_c, n - 1 + 0 * b]), INF)
-        arg = np.argmin(total, axis=1)
-        choices.append(arg)
-        best = total[np.arange(n1), arg]
-    return float(best[end]), choices
+        total = combine(best[start], skewed[i])  # INF where the stage cannot end at b
+        totals.append(total)
+        best = total.min(axis=1)
+    return float(best[n1 - 1]), totals
 
 
 def least_bottleneck(cost: np.ndarray) -> float:
     """Min over splits of max_i cost[i, a_i, n_i]: the least bottleneck any split can have."""
-    return _chain(cost, np.maximum)[0]
+    return _chain(_skew(cost), np.maximum)[0]
 
 
-def _shortest(cost: np.ndarray) -> tuple[float, list[int]]:
-    """Min over splits of sum_i cost[i, a_i, n_i] (a_0 = 0, a_i + n_i = a_{i+1}, a_p = L), and
-    the split's cut points."""
-    total, choices = _chain(cost, np.add)
+def _shortest(skewed: np.ndarray) -> tuple[float, list[int]]:
+    """Min over splits of sum_i cost[i, a_i, n_i] (a_0 = 0, a_i + n_i = a_{i+1}, a_p = L) on
+    _skew's layout, and the split's cut points."""
+    total, tables = _chain(skewed, np.add)
     if not np.isfinite(total):
         return INF, []
-    cuts = [cost.shape[1] - 1]
-    for arg in reversed(choices):
-        cuts.append(cuts[-1] - int(arg[cuts[-1]]) - 1)
+    cuts = [skewed.shape[1] - 1]
+    for table in reversed(tables):
+        cuts.append(cuts[-1] - int(np.argmin(table[cuts[-1]])) - 1)
     cuts.append(0)
     return total, cuts[::-1]
 
@@ -94,22 +101,27 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     together; Split.options gives each stage's option."""
     if t.ndim == 3:
         t, tail, ok = t[..., None], tail[..., None], ok[..., None]
-    p = t.shape[0]
+    p, options_axis = t.shape[0], t.shape[-1] > 1
     valid = ok & np.isfinite(t)
+    # the programmes run on the tables re-indexed by where each stage ends (_skew), built once
+    t_s, tail_s, valid_s = _skew(t), _skew(tail), _skew(valid)
     solved = 0
 
     def solve(T: float, U: float):
         nonlocal solved
         solved += 1
-        allowed = np.where(valid & (tail <= U) & (t <= T), t, INF)
-        choice = np.argmin(allowed, axis=-1)
-        least = np.take_along_axis(allowed, choice[..., None], axis=-1)[..., 0]
+        allowed = np.where(valid_s & (tail_s <= U) & (t_s <= T), t_s, INF)
+        if options_axis:
+            choice = np.argmin(allowed, axis=-1)
+            least = np.take_along_axis(allowed, choice[..., None], axis=-1)[..., 0]
+        else:
+            least = allowed[..., 0]
         total, cuts = _shortest(least)
         if not cuts:
             return None
         bounds = [(cuts[i], cuts[i + 1]) for i in range(p)]
         cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
-        options = tuple(int(choice[c]) for c in cells)
+        options = tuple(int(choice[i, hi, n]) if options_axis else 0 for (i, lo, n), (_, hi) in zip(cells, bounds))
         t_max = max(t[c + (r,)] for c, r in zip(cells, options))
         u_max = max(tail[c + (r,)] for c, r in zip(cells, options))
         return (microbatches - 1) * t_max + total + u_max, bounds, total, t_max, u_max, options
@@ -119,12 +131,18 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
         return None
     best_step, best_bounds, sigma_min, _, _, best_options = free
     # Exact floors: the least bottleneck and the least largest tail any feasible split can have.
-    t_floor = least_bottleneck(np.where(valid, t, INF).min(axis=-1))
-    u_floor = least_bottleneck(np.where(valid, tail, INF).min(axis=-1))
+    t_floor = _chain(np.where(valid_s, t_s, INF).min(axis=-1), np.maximum)[0]
+    u_floor = _chain(np.where(valid_s, tail_s, INF).min(axis=-1), np.maximum)[0]
     if (microbatches - 1) * t_floor + sigma_min + u_floor >= cutoff:
         return None
-    t_values = np.unique(t[valid])
-    u_values = np.unique(tail[valid])
+    # the thresholds are values of t and tail; only those inside the first window (below) can
+    # serve, since the window only narrows as the best improves
+    limit = min(best_step, cutoff)
+    t_hi = (limit - sigma_min - u_floor) / (microbatches - 1) if microbatches > 1 else INF
+    u_hi = limit - (microbatches - 1) * t_floor - sigma_min
+    t_all, u_all = t[valid], tail[valid]
+    t_values = np.unique(t_all[(t_all >= t_floor) & (t_all <= t_hi)])
+    u_values = np.unique(u_all[(u_all >= u_floor) & (u_all <= u_hi)])
 
     def below(values, x, strict=True):
         """The largest value < x (<= x when not strict), or None."""
