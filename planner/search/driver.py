@@ -370,7 +370,7 @@ def _least_counts(prof, i, rng, n, cap):
     any does. Memory falls with every recomputed layer beyond the first (the first adds the
     rebuild buffer), so a bisection over 1..n finds it after checking 0."""
     none = np.broadcast_to(stage_memory_bytes(prof, i, rng, 0) <= cap, n.shape)
-    lo, hi = np.ones_like(n), n.copy()
+    lo, hi = np.where(none, n, 1), n.copy()  # what fits as is needs no bisection
     while np.any(lo < hi):
         mid = (lo + hi) // 2
         fits = stage_memory_bytes(prof, i, rng, mid) <= cap
