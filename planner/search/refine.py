@@ -162,15 +162,16 @@ class Refiner:
             yield Layers(int(count[0]), state[col], saved[col], saving[col], tau[col], rec[col])
 
     def _least_bottleneck(self, j: np.ndarray, p: int, cls: Layers) -> np.ndarray:
-        """Least largest stage time of any split that fits, as a bisection on T over fractional
-        splits: with a layer's least time tau, stage i holds up to T / tau layers while
+        """Least largest stage time of any split that fits, over fractional splits: with a
+        layer's least time tau, a stage given time x holds x / tau layers while
         u_i = C / (state + k_i saved) of them fit as they are; beyond u_i (recompute 'full'
         only) each extra layer needs rho_i = (state + k_i saved) / (k_i saving) recomputed
-        layers of at least `rec` seconds, so the stage holds up to (T + rho_i rec u_i) /
-        (tau + rho_i rec) layers, and never more than C / (state + k_i (saved - saving)) nor
-        the stage width; the first and last stages have T less the embedding's and the head's
-        time; a stage holds whole layers. T is feasible when the stages can hold all L layers
-        (per-layer minima of the layers in `cls`, the ends' memory left out: a lower bound)."""
+        layers of at least `rec` seconds, so it holds (x + rho_i rec u_i) / (tau + rho_i rec)
+        layers, and never more than C / (state + k_i (saved - saving)) nor the stage width; the
+        first and last stages also run the embedding and the head; a stage holds whole layers.
+        The least T at which the stages hold all L layers is then the L-th least of the times
+        T_i(c) at which stage i holds its c-th layer (per-layer minima of the layers in `cls`,
+        the ends' memory left out: a lower bound)."""
         L, state, saved, saving, tau, rec = cls
         C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
         c = self.c[j]
@@ -181,28 +182,25 @@ class Refiner:
         with np.errstate(divide="ignore", invalid="ignore"):
             most = np.where(full & (cost > k * saving), C / (cost - k * saving), np.where(full, L, free_layers))
             rho = np.where(full & (saving > 0), cost / (k * saving), np.inf)
-        most = np.minimum(most, space.stage_width(self.model.layers, p))
+        width = space.stage_width(self.model.layers, p)
+        most = np.minimum(most, width)
 
         # the first stage also runs the embedding and the last the LM head
         ends = np.zeros((len(j), p))
         ends[:, 0] += self.ctx.col("first_s")[c]
         ends[:, -1] += self.ctx.col("last_s")[c]
 
-        def held(T):
-            T = np.maximum(T - ends, 0.0)
-            with np.errstate(invalid="ignore"):
-                beyond = np.where(np.isfinite(rho), (T + rho * rec * free_layers) / (tau + rho * rec), free_layers)
-            # whole layers: a stage holds at most the integer part (a hair of slack for rounding)
-            return np.floor(np.minimum(most, np.where(T <= free_layers * tau, T / tau, beyond)) + 1e-9).sum(axis=1)
-
-        lo = L * tau[:, 0] / p
-        hi = L * (tau[:, 0] + np.where(self.full[j], rec[:, 0], 0.0)) + tau[:, 0] + ends.max(axis=1)
-        feasible = held(hi[:, None]) >= L * (1 - SAFETY)
-        for _ in range(BISECTIONS):
-            mid = (lo + hi) / 2
-            ok = held(mid[:, None]) >= L * (1 - SAFETY)
-            hi, lo = np.where(ok, mid, hi), np.where(ok, lo, mid)
-        return np.where(feasible, lo * (1 - SAFETY), np.inf)
+        # T_i(c), shaped (candidates, p, width); a hair of slack on c for rounding
+        layers = np.arange(1, width + 1)[None, None, :] - 1e-9
+        tau3, rec3, free3, rho3 = (np.broadcast_to(x, (len(j), p))[..., None] for x in (tau, rec, free_layers, rho))
+        with np.errstate(invalid="ignore"):
+            beyond = np.where(np.isfinite(rho3), layers * (tau3 + rho3 * rec3) - rho3 * rec3 * free3, np.inf)
+        times = ends[..., None] + np.where(layers <= free3, layers * tau3, beyond)
+        times = np.where(layers <= most[..., None], times, np.inf).reshape(len(j), -1)
+        if times.shape[1] < L:
+            return np.full(len(j), np.inf)
+        least = np.partition(times, L - 1, axis=1)[:, L - 1]
+        return least * (1 - SAFETY)
 
     def _least_recompute(self, j: np.ndarray, p: int, cls: Layers) -> np.ndarray:
         """Least count of recomputed layers any split needs to fit, as a linear programme
