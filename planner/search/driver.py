@@ -284,7 +284,14 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf"),
     free_split = rules.free_split(s.pp, s.vpp)
     found = None
     if free_split:
-        found = _dp_split(prof, cap, best_s, tail_floor)
+        cutoff = best_s
+        if s.recompute != "full":
+            # the even split is one of the splits: where it fits, its step caps the DP's window
+            # (a DP that finds nothing below it leaves the even split, priced below, as the best)
+            plain = _candidate(prof, even, None)
+            if plain.fits:
+                cutoff = min(cutoff, plain.step_time_s)
+        found = _dp_split(prof, cap, cutoff, tail_floor)
         if found is not None:
             stats["programmes"] += found.programmes
             stats["optimal"] &= found.exhaustive
