@@ -12,7 +12,7 @@ from planner.cost.pipeline import in_flight
 from planner.cost.step import estimate
 from planner.search import space, stages
 from planner.search.driver import search
-from planner.search.floors import inverse_in_flight_sum, reciprocal_run
+from planner.search.floors import TIE, inverse_in_flight_sum, reciprocal_run
 from planner.search.ilp import recompute_ilp
 from planner.spec.hardware import load_cluster
 from planner.spec.model import ModelSpec, MoeSpec
@@ -207,7 +207,7 @@ def test_search_equals_brute_force(instance):
         assert result.best is None
         return
     assert result.proven_optimal
-    assert result.best.step_time_s == pytest.approx(expected, rel=1e-9)
+    assert result.best.step_time_s == pytest.approx(expected, rel=TIE)
     for knob, value in fixed.items():
         assert getattr(result.best.strategy, knob) == value
 
@@ -225,7 +225,7 @@ def test_full_recompute_counts_match_brute_force_on_a_fixed_split():
         est = estimate(model, cluster, setup, s, recompute_layers=counts)
         if est.fits and (best is None or est.step_time_s < best):
             best = est.step_time_s
-    assert result.best.step_time_s == pytest.approx(best, rel=1e-9)
+    assert result.best.step_time_s == pytest.approx(best, rel=TIE)
 
 
 @pytest.mark.parametrize("runtime", ["megatron", "deepspeed", "torchtitan"])
@@ -316,7 +316,7 @@ def test_search_equals_brute_force_when_memory_is_tight(instance):
         assert result.best is None
         return
     assert result.proven_optimal
-    assert result.best.step_time_s == pytest.approx(expected, rel=1e-9)
+    assert result.best.step_time_s == pytest.approx(expected, rel=TIE)
 
 
 def test_strategies_with_equal_pricing_keys_price_alike():

@@ -32,7 +32,7 @@ from planner.cost.step import (
     stage_terms,
 )
 from planner.search import bounds, ilp, space, stages
-from planner.search.floors import SAFETY
+from planner.search.floors import SAFETY, TIE
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
@@ -140,9 +140,9 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
     priced_like: dict[tuple, list[Candidate]] = {}  # pricing_key -> what its first strategy was priced at
     queue = _BoundOrder(found_bounds)
     for j, bound, tail in queue:
-        if best is not None and bound >= best.step_time_s * (1 - SAFETY):
-            # bounds carry a margin of SAFETY against rounding; a candidate within it of the
-            # best ties it (improvements below SAFETY, relative, are not sought)
+        if best is not None and bound >= best.step_time_s * (1 - TIE):
+            # bounds carry a margin of SAFETY against rounding: a candidate within TIE of the
+            # best ties it (floors.TIE)
             pruned_bound += queue.remaining + 1
             break
         if bound == float("inf"):
@@ -250,7 +250,7 @@ class _BoundOrder:
             if self.cutoff < float("inf"):
                 # with a plan found, exactly the candidates whose first bounds are below it need
                 # refining: one batch of them all costs less than the same rows in many batches
-                below = int(np.searchsorted(first, self.cutoff * (1 - SAFETY)))
+                below = int(np.searchsorted(first, self.cutoff * (1 - TIE)))
                 if below <= self.next:
                     # no candidate left has a first bound below the best: the caller stops here
                     self.next += 1

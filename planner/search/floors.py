@@ -10,6 +10,10 @@ from planner.cost import memory
 
 SAFETY = 1e-9
 """relative slack on every bound and floor: the closed forms round differently from the pricing"""
+TIE = 2 * SAFETY
+"""a candidate whose bound is within TIE (relative) of the best plan cannot beat it by more than
+its bound's slack and a rounding: it ties, and is not priced (improvements below TIE are not
+sought). A tight bound lands a rounding below best * (1 - SAFETY), so SAFETY alone would not do."""
 
 
 def layer_state_bytes(per_dense, per_expert, params, expert):
