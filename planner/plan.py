@@ -64,8 +64,11 @@ def alternative_entry(s: Strategy, setup: TrainingSetup, step_time_s: float, pea
     """A runner-up with a one-line reason it lost."""
     if not fits:
         why = f"does not fit by {bytes_to_gib(peak_memory_bytes - capacity_bytes):.1f} GiB"
+    elif step_time_s <= best_step_s:
+        why = "as fast: an equal alternative"
     else:
-        why = f"slower by {(step_time_s / best_step_s - 1) * 100:.1f}%"
+        gap = (step_time_s / best_step_s - 1) * 100
+        why = f"slower by {gap:.1f}%" if gap >= 0.1 else f"slower by {gap:.2g}%"
     return {"strategy": strategy_block(s, setup), "step_time_s": step_time_s,
             "peak_memory_gib": bytes_to_gib(peak_memory_bytes), "why_not": why}
 

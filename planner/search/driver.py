@@ -13,6 +13,7 @@ priced before (cost/step.pricing_key) is not priced again: it cannot beat the be
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import time
@@ -138,11 +139,12 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
     pruned_bound, pruned_memory_late = found_bounds.dominated, 0
     relaxed_gaps: list[float] = []
     priced_like: dict[tuple, list[Candidate]] = {}  # pricing_key -> what its first strategy was priced at
+    ranked = _Ranked(top)
     queue = _BoundOrder(found_bounds)
     for j, bound, tail in queue:
-        if best is not None and bound >= best.step_time_s * (1 - TIE):
-            # bounds carry a margin of SAFETY against rounding: a candidate within TIE of the
-            # best ties it (floors.TIE)
+        if best is not None and bound >= ranked.cutoff_s * (1 - TIE):
+            # nothing left can beat the best, nor the runners-up: bounds carry a margin of SAFETY
+            # against rounding, so a candidate within TIE of them ties (floors.TIE)
             pruned_bound += queue.remaining + 1
             break
         if bound == float("inf"):
@@ -169,8 +171,7 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
             pruned_bound += 1
             found = [replace(c, strategy=s) for c in priced_like[key]]
         else:
-            found, stats = _price(prof, rules, solver, time_limit_s,
-                                  best.step_time_s if best is not None else float("inf"), tail)
+            found, stats = _price(prof, rules, solver, time_limit_s, ranked.cutoff_s, tail)
             priced_like[key] = found
             priced += 1
             if stats["relaxed_s"] is not None and min(c.step_time_s for c in found) > stats["relaxed_s"] * (1 + SAFETY):
@@ -181,9 +182,10 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
         for cand in found:
             if cand.fits:
                 pool.append(cand)
+                ranked.add(cand)
+                queue.cutoff = ranked.cutoff_s
                 if best is None or cand.step_time_s < best.step_time_s:
                     best = cand
-                    queue.cutoff = best.step_time_s
             elif closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
                 closest = cand
         if progress and priced % 16 == 0:
@@ -211,6 +213,26 @@ def _strategy(found: bounds.Bounds, j: int, fixed: dict) -> Strategy:
     v = int(found.vpp[j])
     return Strategy(**found.knobs(j), zero=int(found.zero[j]), vpp=v,
                     schedule="interleaved-1f1b" if v > 1 else "1f1b", recompute_layers=fixed.get("recompute_layers"))
+
+
+class _Ranked:
+    """The step times of the best plan and of the `top` runners-up found so far (distinct
+    strategies): what a candidate must beat to be among them (cutoff_s; infinite until there
+    are top + 1), so that the runners-up a plan lists are exact too."""
+
+    def __init__(self, top: int):
+        self.top, self.steps, self.keys = top, [], set()
+
+    def add(self, cand: Candidate) -> None:
+        key = _key(cand.strategy)
+        if key not in self.keys:
+            self.keys.add(key)
+            bisect.insort(self.steps, cand.step_time_s)
+            del self.steps[self.top + 1:]
+
+    @property
+    def cutoff_s(self) -> float:
+        return self.steps[self.top] if len(self.steps) > self.top else float("inf")
 
 
 class _BoundOrder:
