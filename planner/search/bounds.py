@@ -81,6 +81,8 @@ class Bounds:
     recomputation where it keeps the same activations as none)"""
     refiner: Refiner | None = None
     """None only when there is no candidate"""
+    order: np.ndarray | None = None
+    """candidate j is the refiner's row order[j] (the refiner's columns are not sorted)"""
 
     def knobs(self, j: int) -> dict:
         """Candidate j's knobs other than zero and vpp."""
@@ -91,10 +93,11 @@ class Bounds:
         (with the free split's integrality, Refiner.pipe_floor_s) plus the least largest tail
         (Refiner.floor_s), never below the first bound; infinite when no split of the candidate
         fits in memory (Refiner.fits, checked only where the bound is below `cutoff`)."""
-        tail = np.maximum(self.bound_s[idx] - self.pipe_s[idx], self.refiner.floor_s(idx) * (1 - SAFETY))
-        bound = np.maximum(self.bound_s[idx], self.refiner.pipe_floor_s(idx) + tail)
+        rows = self.order[idx]
+        tail = np.maximum(self.bound_s[idx] - self.pipe_s[idx], self.refiner.floor_s(rows) * (1 - SAFETY))
+        bound = np.maximum(self.bound_s[idx], self.refiner.pipe_floor_s(rows) + tail)
         check = np.nonzero(bound < cutoff)[0]
-        bound[check[~self.refiner.fits(idx[check])]] = np.inf
+        bound[check[~self.refiner.fits(rows[check])]] = np.inf
         return bound, tail
 
 
@@ -279,16 +282,14 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, keys, build, layers, 
     pipe = pipeline_floor_s(bottleneck, sigma, m, v)
     bound = pipe + opt * (1 - SAFETY)
     order = np.argsort(bound, kind="stable")
-    columns = {"c": c, "lay": lay, "pp": pp, "vpp": v.astype(int), "m": m, "zero": z, "shards": shards,
-               "eshards": eshards, "sigma": sigma, "rec": rec, "least_state": least_state, "per_dense": per_dense,
-               "per_expert": per_expert, "bottleneck": bottleneck, "p2p": p2p, "tied": tied, "full": full,
-               "fixed": fixed}
     refiner = Refiner(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
-                      mixed_layers=width > 1, one_kind=int(layer_kind_index(model).max()) == 0,
-                      **{k: x[order] for k, x in columns.items()})
+                      mixed_layers=width > 1, one_kind=int(layer_kind_index(model).max()) == 0, c=c, lay=lay,
+                      pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards, eshards=eshards, sigma=sigma, rec=rec,
+                      least_state=least_state, per_dense=per_dense, per_expert=per_expert, bottleneck=bottleneck,
+                      p2p=p2p, tied=tied, full=full, fixed=fixed)
     return Bounds(outer=outer, row=row[order], pp=pp[order], zero=z[order], vpp=v[order].astype(int),
                   floor_bytes=floor[order], bound_s=bound[order], pipe_s=pipe[order], considered=considered,
-                  pruned_memory=pruned, least_floor_bytes=least_floor, refiner=refiner)
+                  pruned_memory=pruned, least_floor_bytes=least_floor, refiner=refiner, order=order)
 
 
 def even_split_max(ctx: Table, c: np.ndarray, pp: np.ndarray, v: np.ndarray, layers: int) -> np.ndarray:
@@ -296,8 +297,12 @@ def even_split_max(ctx: Table, c: np.ndarray, pp: np.ndarray, v: np.ndarray, lay
     the terms that need ZeRO, recompute counts or p2p (compute, attention recompute of
     'selective', tp/cp/ep traffic, the embedding and the head): a lower bound on its bottleneck."""
     out = np.zeros(len(c))
-    for p, vv in sorted(set(zip(pp.tolist(), v.tolist()))):
-        sel = np.nonzero((pp == p) & (v == vv))[0]
+    # the candidates grouped by (pp, v), in one sort rather than a pass over all per group
+    span = int(v.max()) + 1 if len(v) else 1
+    codes, group = np.unique(pp.astype(int) * span + v.astype(int), return_inverse=True)
+    members = np.split(np.argsort(group, kind="stable"), np.cumsum(np.bincount(group))[:-1])
+    for code, sel in zip(codes.tolist(), members):
+        p, vv = divmod(code, span)
         used, back = np.unique(c[sel], return_inverse=True)
         per = ctx.prefix("per")[used]
         chunks, _ = even_chunks(layers, int(p), int(vv))
