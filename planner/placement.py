@@ -55,18 +55,22 @@ def group_of_rank0(order: str, degrees: dict[str, int], dims: tuple[str, ...]) -
     return sorted(ranks)
 
 
-def _ep_stride(order: str, degrees: dict[str, int]) -> int:
-    """Stride of the expert group: the innermost ep ranks of the dp*cp block (Megatron's
-    expert order)."""
-    st = strides(order, degrees)
+def _ep_stride(st: dict[str, int], degrees: dict[str, int]) -> int:
+    """Stride of the expert group (st: the order's strides): the innermost ep ranks of the
+    dp*cp block (Megatron's expert order)."""
     return min(st["dp"], st["cp"]) if degrees["cp"] > 1 else st["dp"]
 
 
-@lru_cache(maxsize=4096)
-def _span(order: str, degree_items: tuple, dims: tuple[str, ...], gpus_per_node: int,
-          inner: int, size: int) -> Span:
-    degrees = dict(degree_items)
-    progression = _progression(order, degrees, dims, inner, size)
+def _span(order: str, degrees: dict[str, int], st: dict[str, int], dims: tuple[str, ...],
+          gpus_per_node: int) -> Span:
+    """Span of the group over `dims` (see span), with the order's strides `st`."""
+    if dims == ("edp",):
+        # expert data parallel: dp*cp/ep ranks, stride ep inside the dp*cp block
+        progression = _ep_stride(st, degrees) * degrees["ep"], degrees["dp"] * degrees["cp"] // degrees["ep"]
+    elif dims == ("ep",):
+        progression = _ep_stride(st, degrees), degrees["ep"]
+    else:
+        progression = _progression(st, degrees, dims)
     if progression is not None:
         # ranks 0, s, 2s, ... (size of them): with s >= a node's GPUs each sits on its own node,
         # else consecutive ranks move at most one node on, so every node in between is used
@@ -78,14 +82,10 @@ def _span(order: str, degree_items: tuple, dims: tuple[str, ...], gpus_per_node:
     return Span(size=len(ranks), per_node=len(ranks) // nodes, nodes=nodes)
 
 
-def _progression(order: str, degrees: dict[str, int], dims: tuple[str, ...], inner: int,
-                 size: int) -> tuple[int, int] | None:
-    """(stride, size) when the group's ranks are 0, stride, 2*stride, ...: the expert groups,
-    one dimension, or dimensions whose strides chain (each the previous one times its degree,
-    as cp then dp are in tp-cp-dp-pp); None otherwise."""
-    if dims == ("ep",):
-        return _ep_stride(order, degrees) * inner, size
-    st = strides(order, degrees)
+def _progression(st: dict[str, int], degrees: dict[str, int], dims: tuple[str, ...]) -> tuple[int, int] | None:
+    """(stride, size) when the group's ranks are 0, stride, 2*stride, ...: one dimension, or
+    dimensions whose strides chain (each the previous one times its degree, as cp then dp are
+    in tp-cp-dp-pp); None otherwise."""
     chain = sorted(dims, key=st.__getitem__)
     for a, b in zip(chain, chain[1:]):
         if st[b] != st[a] * degrees[a]:
@@ -98,13 +98,19 @@ def _progression(order: str, degrees: dict[str, int], dims: tuple[str, ...], inn
 
 def span(order: str, degrees: dict[str, int], dims: tuple[str, ...], gpus_per_node: int) -> Span:
     """Span of the group over `dims` ('ep' alone: the expert group; 'edp': expert data parallel)."""
-    if dims == ("edp",):
-        # expert data parallel: dp*cp/ep ranks, stride ep inside the dp*cp block
-        size = degrees["dp"] * degrees["cp"] // degrees["ep"]
-        return _span(order, tuple(sorted(degrees.items())), ("ep",), gpus_per_node, degrees["ep"], size)
-    if dims == ("ep",):
-        return _span(order, tuple(sorted(degrees.items())), ("ep",), gpus_per_node, 1, degrees["ep"])
-    return _span(order, tuple(sorted(degrees.items())), dims, gpus_per_node, 1, 0)
+    return _span(order, degrees, strides(order, degrees), dims, gpus_per_node)
+
+
+GROUPS = ("tp", "cp", "ep", "pp", "edp", "dpcp")
+"""the groups a strategy's collectives run over (dpcp: the dp x cp group of its gradients)"""
+
+
+@lru_cache(maxsize=65536)
+def group_spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, gpus_per_node: int) -> tuple[Span, ...]:
+    """Spans of the GROUPS of a placement, in that order."""
+    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
+    st = strides(order, degrees)
+    return tuple(_span(order, degrees, st, ("cp", "dp") if g == "dpcp" else (g,), gpus_per_node) for g in GROUPS)
 
 
 def tiers(order: str, degrees: dict[str, int], gpus_per_node: int) -> dict[str, str]:
@@ -122,7 +128,7 @@ def rank_groups(order: str, degrees: dict[str, int], dim: str) -> list[list[int]
     st = strides(order, degrees)
     total = degrees["tp"] * degrees["cp"] * degrees["dp"] * degrees["pp"]
     if dim == "ep":
-        stride = _ep_stride(order, degrees)
+        stride = _ep_stride(st, degrees)
         members = [i * stride for i in range(degrees["ep"])]
     else:
         members = [i * st[dim] for i in range(degrees[dim])]

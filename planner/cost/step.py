@@ -26,7 +26,7 @@ from planner.graph import (
     head_work,
     layer_work,
 )
-from planner.placement import Span, span, tiers
+from planner.placement import GROUPS, Span, group_spans, tiers
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, check_strategy
@@ -183,10 +183,8 @@ _PREFIX_KEYS = ("comp", "fwd", "bwd", "tp", "cp", "ep", "params", "expert", "gem
 
 
 def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy) -> Profile:
-    degrees = {"tp": s.tp, "cp": s.cp, "dp": s.dp, "pp": s.pp, "ep": s.ep}
     g = min(cluster.gpus_per_node, setup.gpus)
-    spans = {d: span(s.order, degrees, (d,), g) for d in ("tp", "cp", "ep", "pp", "edp")}
-    spans["dpcp"] = span(s.order, degrees, ("cp", "dp"), g)
+    spans = dict(zip(GROUPS, group_spans(s.order, s.tp, s.cp, s.dp, s.pp, s.ep, g)))
     tables = context_tables(model, cluster, setup, s.tp, s.cp, s.ep, s.micro_batch, s.sequence_parallel,
                             s.recompute, spans)
     ends = tables.ends

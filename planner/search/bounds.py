@@ -24,7 +24,6 @@ dropped before it is priced.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 import numpy as np
 
@@ -41,7 +40,7 @@ from planner.cost.step import (
     tied_head_params,
     zero_traffic_s,
 )
-from planner.placement import span
+from planner.placement import group_spans
 from planner.search import space, stages
 from planner.search.contexts import KINDS, Table, affine, context
 from planner.search.floors import (
@@ -134,11 +133,11 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
         for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
             placed = set()
             for o, order in enumerate(orders):
-                spans = _spans(order, tp, cp, dp, pp, ep, g)
+                spans = group_spans(order, tp, cp, dp, pp, ep, g)
                 duplicate = spans in placed  # another rank order that places every group alike
                 placed.add(spans)
                 lay = layouts.setdefault(spans[4:], len(layouts))
-                group_spans = span_ids.setdefault(spans[:3], len(span_ids))
+                span_set = span_ids.setdefault(spans[:3], len(span_ids))
                 for mb in mbs:
                     m = setup.global_batch // (dp * mb)
                     if (pp, m) not in vpp_sets:
@@ -157,7 +156,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                             dominated += len(vpps) * len(zeros)  # the same memory as 'none', more time
                             continue
                         # 'full' reads the same layer context as 'none' (its base rows)
-                        key = (tp, cp, ep, mb, sp, base_mode(mode), group_spans)
+                        key = (tp, cp, ep, mb, sp, base_mode(mode), span_set)
                         if key not in contexts:
                             contexts[key] = len(contexts)
                         mkey = (tp, cp, ep, mb, sp, mode)
@@ -171,22 +170,14 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                    fixed.get("dp_overlap", True))
     layers = [layer_memory(model, shape, *k) for k in memories]
 
-    group_spans = list(span_ids)
+    span_sets = list(span_ids)
 
     def build(keys):  # the layer contexts, priced only for candidates that pass the memory floor
-        return Table([context(model, cluster, shape, *k[:6], group_spans[k[6]]) for k in keys])
+        return Table([context(model, cluster, shape, *k[:6], span_sets[k[6]]) for k in keys])
 
     return replace(_bound_rows(model, cluster, setup, rules, outer, rows, list(contexts), build, layers,
                                list(layouts), list(vpp_ids), considered, fixed.get("dp_overlap", True)),
                    dominated=dominated)
-
-
-@lru_cache(maxsize=65536)
-def _spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, g: int) -> tuple:
-    """Spans of the tp, cp, ep, pp, edp and dp*cp groups (the order of cost/step.profile)."""
-    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
-    return tuple(span(order, degrees, (d,), g) for d in ("tp", "cp", "ep", "pp", "edp")) + (
-        span(order, degrees, ("cp", "dp"), g),)
 
 
 def _mask(values, domain) -> int:
