@@ -164,7 +164,8 @@ def calibrate(runs_file, cluster_name, output):
               help="ILP solver (HiGHS in process; CBC as a subprocess)")
 @click.option("--time-limit", "time_limit_s", type=float, default=10.0, show_default=True,
               help="seconds per ILP solve")
-@click.option("--top", type=click.IntRange(0, 50), default=3, show_default=True, help="runners-up to keep")
+@click.option("--top", type=click.IntRange(0, 50), default=None,
+              help="runners-up to keep  [default: 3; 0 per count of a sweep]")
 @click.option("--ranks", "show_ranks", is_flag=True, help="also list the rank groups of the plan")
 @click.option("--json", "as_json", is_flag=True, help="print exactly one JSON document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here (atomically)")
@@ -183,10 +184,13 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
     cluster = load_cluster(cluster_ref)
     counts = parse_gpu_counts(gpus, cluster.gpus_per_node)
     constraints = {k: v for k, v in knobs.items() if v is not None}
+    one_count = len(counts) == 1 and "," not in gpus and "-" not in gpus
+    if top is None:
+        top = 3 if one_count else 0  # a sweep answers how many GPUs: one plan per count
     request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len or model.seq_len,
                    precision=precision, attention=attention, runtime=runtime, constraints=constraints,
                    solver=solver, time_limit_s=time_limit_s, top=top)
-    if len(counts) == 1 and "," not in gpus and "-" not in gpus:
+    if one_count:
         with report.progress("searching", delay_s=1.0) as step:
             doc = make_plan(gpus=counts[0], progress=step, **request)
     else:

@@ -111,6 +111,10 @@ def test_sweep_over_gpu_counts():
     assert doc["schema"] == "planner.sweep/v1"
     assert [e["gpus"] for e in doc["plans"]] == [8, 16, 24]
     assert all("plan" in e or "infeasible" in e for e in doc["plans"])
+    assert all(e["plan"]["alternatives"] == [] for e in doc["plans"] if "plan" in e)  # no --top: none per count
+    again = json.loads(run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8,16", "--global-batch", "48",
+                           "--seq-len", "4096", "--top", "2", "--json").stdout)
+    assert all(len(e["plan"]["alternatives"]) >= 2 for e in again["plans"] if "plan" in e)
 
 
 def test_ranks_lists_every_group(plan_doc):
