@@ -244,7 +244,7 @@ class _BoundOrder:
     bound, floor of its largest tail); every bound yielded after the first plan is found is the
     least remaining."""
 
-    FIRST_BATCH = 128
+    FIRST_BATCH = 32
     MAX_BATCH = 4096
     CUTOFF_BATCH = 16384
 
