@@ -83,6 +83,48 @@ def test_split_dp_matches_brute_force(p, layers, m, seed):
         assert found.step_s == pytest.approx(best, rel=1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(1, 3), layers=st.integers(1, 7), m=st.integers(1, 12), options=st.integers(2, 4),
+       monotone=st.booleans(), seed=st.integers(0, 10**6))
+def test_split_dp_with_options_matches_brute_force(p, layers, m, options, monotone, seed):
+    """An options axis (a stage's recompute count, say): each range has several (t, tail)
+    choices. Where t grows with the option and tail falls, as recomputation does, the DP drops
+    the options another one beats; elsewhere it keeps them all. Both are exact."""
+    if layers < p:
+        return
+    rng = np.random.default_rng(seed)
+    width = layers
+    shape = (p, layers + 1, width, options)
+    t, tail = np.full(shape, np.inf), rng.uniform(0, 2, size=shape)
+    ok = rng.uniform(size=shape) < 0.8
+    for i, a, n in itertools.product(range(p), range(layers + 1), range(1, width + 1)):
+        if a + n <= layers:
+            extra = rng.uniform(0, 0.5, size=options)
+            t[i, a, n - 1] = n * rng.uniform(0.5, 1.5) + (np.cumsum(extra) if monotone else extra)
+            if monotone:
+                tail[i, a, n - 1] = np.sort(tail[i, a, n - 1])[::-1]
+    best = None
+    for sizes in _compositions(layers, p, width):
+        cuts = np.concatenate(([0], np.cumsum(sizes)))
+        for chosen in itertools.product(range(options), repeat=p):
+            cells = [(i, cuts[i], sizes[i] - 1, chosen[i]) for i in range(p)]
+            if not all(ok[c] for c in cells):
+                continue
+            times = [t[c] for c in cells]
+            step = (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells)
+            best = step if best is None else min(best, step)
+    found = stages.best_split(t, tail, ok, m)
+    if best is None:
+        assert found is None
+        return
+    assert found.exhaustive
+    assert found.step_s == pytest.approx(best, rel=1e-12)
+    cells = [(i, lo, hi - lo - 1, r) for i, ((lo, hi), r) in enumerate(zip(found.bounds, found.options))]
+    assert all(ok[c] for c in cells)
+    times = [t[c] for c in cells]
+    assert (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells) == pytest.approx(best, rel=1e-12)
+
+
 # --- the recompute ILP against every count vector ------------------------------------------
 
 def _objective(options, chosen, m, v):

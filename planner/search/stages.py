@@ -92,6 +92,74 @@ def _shortest(skewed: np.ndarray) -> tuple[float, list[int]]:
     return total, cuts[::-1]
 
 
+class _Options:
+    """The options of every (stage, end, length) cell, in _skew's layout, less those another
+    option of the same cell matches or beats in both t and tail (no split is better for them):
+    cells left with one option as dense arrays, the few with several as runs of entries, so
+    a programme's work does not grow with the options axis."""
+
+    def __init__(self, t_s: np.ndarray, tail_s: np.ndarray, valid_s: np.ndarray):
+        shape, width = t_s.shape[:-1], t_s.shape[-1]
+        keep = valid_s
+        if width > 1:
+            # where t never falls as the option index grows, an option is beaten by an earlier
+            # one whose tail is no larger: keep the options that lower the least tail so far
+            t_seen = np.maximum.accumulate(np.where(valid_s, t_s, -INF), axis=-1)
+            if np.all(~valid_s[..., 1:] | (t_s[..., 1:] >= t_seen[..., :-1])):
+                least_tail = np.minimum.accumulate(np.where(valid_s, tail_s, INF), axis=-1)
+                keep = valid_s & np.concatenate([np.ones(shape + (1,), dtype=bool),
+                                                 tail_s[..., 1:] < least_tail[..., :-1]], axis=-1)
+        if width == 1:
+            count, self.first = keep[..., 0].astype(int), np.zeros(shape, dtype=int)
+            self.t1, self.tail1 = np.where(keep[..., 0], t_s[..., 0], INF), np.where(keep[..., 0], tail_s[..., 0], INF)
+        else:
+            count = keep.sum(axis=-1)
+            self.first = np.argmax(keep, axis=-1)
+            single, pick = count == 1, self.first[..., None]
+            self.t1 = np.where(single, np.take_along_axis(t_s, pick, axis=-1)[..., 0], INF)
+            self.tail1 = np.where(single, np.take_along_axis(tail_s, pick, axis=-1)[..., 0], INF)
+        self.multi = np.flatnonzero(count > 1)
+        kept = keep.reshape(-1, width)[self.multi]
+        self.t_e = t_s.reshape(-1, width)[self.multi][kept]
+        self.tail_e = tail_s.reshape(-1, width)[self.multi][kept]
+        self.option_e = np.nonzero(kept)[1]
+        self.starts = np.concatenate([[0], np.cumsum(kept.sum(axis=1))[:-1]]).astype(int)
+        self.shape = shape
+
+    def least(self, T: float, U: float) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per cell, the least t among its options with t <= T and tail <= U (INF when none);
+        and the entries' allowed t (for choice)."""
+        out = np.where((self.tail1 <= U) & (self.t1 <= T), self.t1, INF)
+        if not self.multi.size:
+            return out, None
+        allowed = np.where((self.tail_e <= U) & (self.t_e <= T), self.t_e, INF)
+        out.reshape(-1)[self.multi] = np.minimum.reduceat(allowed, self.starts)
+        return out, allowed
+
+    def choice(self, cell: tuple, allowed: np.ndarray | None) -> int:
+        """The option a cell takes under the thresholds `allowed` came from."""
+        if allowed is None:  # no cell has several options
+            return int(self.first[cell])
+        flat = int(np.ravel_multi_index(cell, self.shape))
+        k = int(np.searchsorted(self.multi, flat))
+        if k == len(self.multi) or self.multi[k] != flat:
+            return int(self.first[cell])
+        run = slice(self.starts[k], self.starts[k + 1] if k + 1 < len(self.starts) else len(self.t_e))
+        return int(self.option_e[run][np.argmin(allowed[run])])
+
+    def least_tail(self) -> np.ndarray:
+        """Per cell, the least tail of its options."""
+        out = self.tail1.copy()
+        if self.multi.size:
+            out.reshape(-1)[self.multi] = np.minimum.reduceat(self.tail_e, self.starts)
+        return out
+
+    def values(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every t and every tail an option has (the thresholds' candidates)."""
+        single = np.isfinite(self.t1)
+        return np.concatenate([self.t1[single], self.t_e]), np.concatenate([self.tail1[single], self.tail_e])
+
+
 def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: int,
                cutoff: float = INF) -> Split | None:
     """Exact best contiguous split (None when no split fits, or none can beat `cutoff`).
@@ -101,38 +169,32 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     together; Split.options gives each stage's option."""
     if t.ndim == 3:
         t, tail, ok = t[..., None], tail[..., None], ok[..., None]
-    p, options_axis = t.shape[0], t.shape[-1] > 1
-    valid = ok & np.isfinite(t)
+    p = t.shape[0]
     # the programmes run on the tables re-indexed by where each stage ends (_skew), built once
-    t_s, tail_s, valid_s = _skew(t), _skew(tail), _skew(valid)
+    options = _Options(_skew(t), _skew(tail), _skew(ok & np.isfinite(t)))
     solved = 0
 
     def solve(T: float, U: float):
         nonlocal solved
         solved += 1
-        allowed = np.where(valid_s & (tail_s <= U) & (t_s <= T), t_s, INF)
-        if options_axis:
-            choice = np.argmin(allowed, axis=-1)
-            least = np.take_along_axis(allowed, choice[..., None], axis=-1)[..., 0]
-        else:
-            least = allowed[..., 0]
+        least, allowed = options.least(T, U)
         total, cuts = _shortest(least)
         if not cuts:
             return None
         bounds = [(cuts[i], cuts[i + 1]) for i in range(p)]
         cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
-        options = tuple(int(choice[i, hi, n]) if options_axis else 0 for (i, lo, n), (_, hi) in zip(cells, bounds))
-        t_max = max(t[c + (r,)] for c, r in zip(cells, options))
-        u_max = max(tail[c + (r,)] for c, r in zip(cells, options))
-        return (microbatches - 1) * t_max + total + u_max, bounds, total, t_max, u_max, options
+        chosen = tuple(options.choice((i, hi, hi - lo - 1), allowed) for i, (lo, hi) in enumerate(bounds))
+        t_max = max(t[c + (r,)] for c, r in zip(cells, chosen))
+        u_max = max(tail[c + (r,)] for c, r in zip(cells, chosen))
+        return (microbatches - 1) * t_max + total + u_max, bounds, total, t_max, u_max, chosen
 
     free = solve(INF, INF)
     if free is None:
         return None
     best_step, best_bounds, sigma_min, _, _, best_options = free
     # Exact floors: the least bottleneck and the least largest tail any feasible split can have.
-    t_floor = _chain(np.where(valid_s, t_s, INF).min(axis=-1), np.maximum)[0]
-    u_floor = _chain(np.where(valid_s, tail_s, INF).min(axis=-1), np.maximum)[0]
+    t_floor = _chain(options.least(INF, INF)[0], np.maximum)[0]
+    u_floor = _chain(options.least_tail(), np.maximum)[0]
     if (microbatches - 1) * t_floor + sigma_min + u_floor >= cutoff:
         return None
     # the thresholds are values of t and tail; only those inside the first window (below) can
@@ -140,7 +202,7 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     limit = min(best_step, cutoff)
     t_hi = (limit - sigma_min - u_floor) / (microbatches - 1) if microbatches > 1 else INF
     u_hi = limit - (microbatches - 1) * t_floor - sigma_min
-    t_all, u_all = t[valid], tail[valid]
+    t_all, u_all = options.values()
     t_values = np.unique(t_all[(t_all >= t_floor) & (t_all <= t_hi)])
     u_values = np.unique(u_all[(u_all >= u_floor) & (u_all <= u_hi)])
 
@@ -175,9 +237,9 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
         found = solve(T, U)
         if found is None:
             continue
-        step, bounds, total, t_max, u_max, options = found
+        step, bounds, total, t_max, u_max, chosen = found
         if step < best_step:
-            best_step, best_bounds, best_options = step, bounds, options
+            best_step, best_bounds, best_options = step, bounds, chosen
         if (microbatches - 1) * t_floor + total + u_floor >= min(best_step, cutoff):
             continue
         u_next = below(u_values, u_max)
