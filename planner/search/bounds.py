@@ -147,9 +147,13 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                     considered += len(modes) * len(vpps) * len(zeros)
                     if duplicate or not vpps or not zeros or (sp and tp == 1):
                         continue
-                    inter = spans[3].nodes > 1
-                    if (tp, cp, mb, inter) not in p2ps:
-                        p2ps[(tp, cp, mb, inter)] = p2p_s(model, cluster, setup, tp, cp, mb, 1, inter)
+                    if pp > 1:
+                        inter = spans[3].nodes > 1
+                        if (tp, cp, mb, inter) not in p2ps:
+                            p2ps[(tp, cp, mb, inter)] = p2p_s(model, cluster, setup, tp, cp, mb, 1, inter)
+                        p2p, tied = p2ps[(tp, cp, mb, inter)], 0.0
+                    else:
+                        p2p, tied = 0.0, tied_head_params(model, tp)
                     for i, mode in enumerate(modes):
                         if (mode == "selective" and "none" in modes
                                 and not selective_saves_memory(model, shape, tp, cp, mb, sp)):
@@ -157,17 +161,12 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                             continue
                         # 'full' reads the same layer context as 'none' (its base rows)
                         key = (tp, cp, ep, mb, sp, base_mode(mode), span_set)
-                        if key not in contexts:
-                            contexts[key] = len(contexts)
                         mkey = (tp, cp, ep, mb, sp, mode)
-                        if mkey not in memories:
-                            memories[mkey] = len(memories)
-                        rows.append((contexts[key], lay, pp, dp * cp, max(1, dp * cp // ep), m,
-                                     p2ps[(tp, cp, mb, inter)] if pp > 1 else 0.0,
-                                     tied_head_params(model, tp) if pp == 1 else 0.0, mode == "full",
-                                     zmask, vid, memories[mkey], tp, cp, dp, ep, mb, i, o, sp))
-    outer = _Outer(np.array(rows, dtype=float).reshape(-1, 20)[:, 12:].astype(int), tuple(modes), tuple(orders),
-                   fixed.get("dp_overlap", True))
+                        rows.append((contexts.setdefault(key, len(contexts)), lay, pp, dp * cp,
+                                     max(1, dp * cp // ep), m, p2p, tied, mode == "full", zmask, vid,
+                                     memories.setdefault(mkey, len(memories)), tp, cp, dp, ep, mb, i, o, sp))
+    table = np.array(rows, dtype=float).reshape(-1, 20)
+    outer = _Outer(table[:, 12:].astype(int), tuple(modes), tuple(orders), fixed.get("dp_overlap", True))
     layers = [layer_memory(model, shape, *k) for k in memories]
 
     span_sets = list(span_ids)
@@ -175,7 +174,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     def build(keys):  # the layer contexts, priced only for candidates that pass the memory floor
         return Table([context(model, cluster, shape, *k[:6], span_sets[k[6]]) for k in keys])
 
-    return replace(_bound_rows(model, cluster, setup, rules, outer, rows, list(contexts), build, layers,
+    return replace(_bound_rows(model, cluster, setup, rules, outer, table, list(contexts), build, layers,
                                list(layouts), list(vpp_ids), considered, fixed.get("dp_overlap", True)),
                    dominated=dominated)
 
@@ -200,7 +199,7 @@ class _Outer:
                 "order": self.orders[order], "sequence_parallel": bool(sp), "dp_overlap": self.dp_overlap}
 
 
-def _bound_rows(model, cluster, setup, rules, outer, rows, keys, build, layers, layouts, vpp_sets, considered,
+def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers, layouts, vpp_sets, considered,
                 dp_overlap) -> Bounds:
     """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring).
     The memory floor comes first, from `layers` (cost/step.layer_memory per row's column 11);
@@ -208,9 +207,8 @@ def _bound_rows(model, cluster, setup, rules, outer, rows, keys, build, layers, 
     cap, L = cluster.gpu.memory_bytes, model.layers
     eff = cluster.efficiency
     vpp_domain = sorted({v for vpps in vpp_sets for v in vpps})
-    if not rows:
+    if not len(table):
         return Bounds(outer, *(np.zeros(0, dtype=int),) * 4, *(np.zeros(0),) * 3, considered, 0, float("inf"))
-    table = np.array(rows, dtype=float)
     c, lay, pp, shards, eshards, m = (table[:, k].astype(int) for k in range(6))
     p2p, tied, full = table[:, 6], table[:, 7], table[:, 8].astype(bool)
     zmask = (table[:, 9].astype(int)[:, None] >> np.arange(len(ZEROS))) & 1
