@@ -15,7 +15,10 @@ al. 2022, §5.2, enumerates the bottleneck the same way). The thresholds walk do
 front of (max t, max tail, sum t) from (inf, inf), pruning every branch whose least possible
 step, (m - 1) * (least feasible T) + sum t + (least feasible U), cannot beat the best found, and
 clamping both thresholds to the window where a split could still beat it: T <= (best - least
-sum t - least U) / (m - 1) and U <= best - (m - 1) * (least T) - least sum t. The
+sum t - least U) / (m - 1) and U <= best - (m - 1) * (least T) - least sum t; the thresholds
+are values of t and tail inside that window. With several options per range (a last axis, such
+as how many layers recompute), a range takes its least t among the options under the
+thresholds, and an option that another matches or beats in both t and tail is dropped. The
 result is the exact optimum over all contiguous splits whose stages hold at most N layers,
 unless the iteration limit stops it first (then `exhaustive` is False and the plan says it is
 not proven optimal).
