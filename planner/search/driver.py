@@ -304,31 +304,24 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf"),
     cap = prof.cluster.gpu.memory_bytes
     even = tuple(split_layers(prof.model.layers, s.pp, s.vpp))
     free_split = rules.free_split(s.pp, s.vpp)
-    found = None
+    found = plain = None
     if free_split:
-        cutoff = best_s
-        if s.recompute != "full":
-            # the even split is one of the splits: where it fits, its step caps the DP's window
-            # (a DP that finds nothing below it leaves the even split, priced below, as the best)
-            plain = _candidate(prof, even, None)
-            if plain.fits:
-                cutoff = min(cutoff, plain.step_time_s)
-        found = _dp_split(prof, cap, cutoff, tail_floor)
+        # the even split is one of the splits: where it fits, its step caps the DP's window (a
+        # relaxed step is a lower bound, so a DP that finds nothing below it leaves the even split
+        # the best, 'full' included)
+        plain = _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats)
+        found = _dp_split(prof, cap, min(best_s, plain.step_time_s) if plain.fits else best_s, tail_floor)
         if found is not None:
             stats["programmes"] += found.programmes
             stats["optimal"] &= found.exhaustive
     elif s.pp > 2 and s.vpp == 1 and rules.uneven_split == "ends":
         found = _ends_split(prof, cap)
-    split = found.bounds if found is not None else even  # nothing fits: the even split says by how much
-    counts = None
-    if s.recompute == "full" and s.recompute_layers is None:
-        result = _recompute(prof, split, rules, cap, solver, time_limit_s, best_s)
-        stats["ilp"] += result is not None and not result.shortcut
-        if result is not None:
-            counts = result.recompute_layers
-            stats["optimal"] &= result.optimal
-    cand = _candidate(prof, split, counts)
-    if s.recompute == "full" and found is not None:
+    if found is None:  # nothing fits or beats the cutoff: the even split says by how much
+        return [plain or _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats)], stats
+    cand = _with_counts(prof, found.bounds, rules, cap, solver, time_limit_s, best_s, stats)
+    if plain is not None and plain.fits and plain.step_time_s < cand.step_time_s:
+        cand = plain
+    if s.recompute == "full":
         # the split was chosen on relaxed tables (each range at its least time and least tail), so
         # another split may do better once the counts are chosen exactly
         if cand.step_time_s > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
@@ -342,6 +335,19 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf"),
             else:
                 stats["relaxed_s"] = found.step_s  # the caller compares it with the best plan
     return [cand], stats
+
+
+def _with_counts(prof, split, rules, cap, solver, time_limit_s, best_s, stats) -> Candidate:
+    """The split priced, with each stage's count of recomputed layers from the ILP under 'full'
+    (when the strategy does not fix it); the ILP's work goes into `stats`."""
+    counts = None
+    if prof.strategy.recompute == "full" and prof.strategy.recompute_layers is None:
+        result = _recompute(prof, split, rules, cap, solver, time_limit_s, best_s)
+        stats["ilp"] += result is not None and not result.shortcut
+        if result is not None:
+            counts = result.recompute_layers
+            stats["optimal"] &= result.optimal
+    return _candidate(prof, split, counts)
 
 
 def _candidate(prof, split, counts) -> Candidate:
