@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.units import GIB
 
 WEIGHT_BYTES = 2
@@ -42,11 +44,20 @@ class MemoryBreakdown:
 
 
 def state_bytes(params: float, zero: int, shards: int) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes of `params` parameters replicated over `shards` ranks."""
-    weights = WEIGHT_BYTES * params / (shards if zero >= 3 else 1)
-    grads = GRAD_BYTES * params / (shards if zero >= 2 else 1)
-    optimizer = OPTIMIZER_BYTES * params / (shards if zero >= 1 else 1)
+    """(weights, grads, optimizer) bytes of `params` parameters replicated over `shards` ranks
+    (zero may be an array of ZeRO stages, one per candidate)."""
+    weights = WEIGHT_BYTES * params / from_stage(zero, 3, shards, 1)
+    grads = GRAD_BYTES * params / from_stage(zero, 2, shards, 1)
+    optimizer = OPTIMIZER_BYTES * params / from_stage(zero, 1, shards, 1)
     return weights, grads, optimizer
+
+
+def from_stage(zero, stage: int, then, otherwise):
+    """`then` where the ZeRO stage `zero` is at least `stage`, else `otherwise` (elementwise when
+    zero is an array)."""
+    if np.ndim(zero):
+        return np.where(np.greater_equal(zero, stage), then, otherwise)
+    return then if zero >= stage else otherwise
 
 
 def other_bytes(activation_bytes: float, prefetch_bytes: float) -> float:

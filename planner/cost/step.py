@@ -435,17 +435,17 @@ def stage_ends(first, last, params, saved, emb_params, head_params, emb_saved, h
     return params + first * emb_params + last * head_params, saved + first * emb_saved, last * head_saved
 
 
-def stage_memory(zero: int, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,
+def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,
                  prefetch_bytes) -> tuple:
     """(weights, grads, optimizer, activations, other) bytes of a stage: the states of its dense
     parameters sharded over the dp*cp group and of its experts over the expert data-parallel
     group (ZeRO), the activations of its in-flight micro-batches (`saved` per micro-batch) plus
     the head's and a recomputed layer's rebuild buffer, and what the runtime adds (with ZeRO-3's
-    prefetched layers). Arrays broadcast."""
+    prefetched layers). Arrays broadcast, zero included."""
     wd, gd, od = memory.state_bytes(dense, zero, shards)
     we, ge, oe = memory.state_bytes(expert, zero, eshards)
     acts = in_flight * saved + head_saved + transient
-    return wd + we, gd + ge, od + oe, acts, memory.other_bytes(acts, prefetch_bytes if zero >= 3 else 0.0)
+    return wd + we, gd + ge, od + oe, acts, memory.other_bytes(acts, memory.from_stage(zero, 3, prefetch_bytes, 0.0))
 
 
 def zero_traffic_s(coll, zero, grad_bytes: int, dense, expert):

@@ -50,10 +50,13 @@ from planner.search.floors import (
     pipeline_floor_s,
     recompute_floor,
 )
-from planner.search.refine import ZEROS, Refiner
+from planner.search.refine import Refiner
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup
+
+ZEROS = (0, 1, 2, 3)
+"""the ZeRO stages (a candidate row's mask of allowed ones has a bit per stage)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,11 +225,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
     # L / sum_i 1 / (state + k_i * saved) (per-layer minima of the model)
-    per_dense, per_expert = np.zeros(len(z)), np.zeros(len(z))
-    for zero in ZEROS:
-        sel = z == zero
-        per_dense[sel] = sum(memory.state_bytes(1.0, zero, shards[sel]))
-        per_expert[sel] = sum(memory.state_bytes(1.0, zero, eshards[sel]))
+    per_dense, per_expert = sum(memory.state_bytes(1.0, z, shards)), sum(memory.state_bytes(1.0, z, eshards))
     width = max(len(kinds) for _, kinds in layers)
     kinds = np.array([list(k) + [k[0]] * (width - len(k)) for _, k in layers])
     least_state = np.min(layer_state_bytes(per_dense[:, None], per_expert[:, None], kinds[mem, :, 0],

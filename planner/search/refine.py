@@ -19,7 +19,6 @@ from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup
 
-ZEROS = (0, 1, 2, 3)
 SLICE = 256
 """candidates whose per-range memory tables are built at once (bounds the arrays' size)"""
 BISECTIONS = 30
@@ -364,16 +363,8 @@ class Refiner:
         transient = self.ctx.col("transient_bytes")[self.c[j]].reshape(-1, *extra) * rebuilt
         prefetch = self.ctx.col("prefetch_bytes")[self.c[j]].reshape(-1, *extra)
         expert = total("expert")
-        shape = np.broadcast_shapes(dense.shape, saved.shape, np.shape(inflight), np.shape(head))
-        inflight, head = np.broadcast_to(inflight, shape), np.broadcast_to(head, shape)
-        out = np.zeros(shape)
-        for zero in ZEROS:
-            zs = self.zero[j] == zero
-            if zs.any():
-                out[zs] = sum(stage_memory(zero, dense[zs], expert[zs], self.shards[j][zs].reshape(-1, *extra),
-                                           self.eshards[j][zs].reshape(-1, *extra), inflight[zs], saved[zs],
-                                           head[zs], transient[zs], prefetch[zs]))
-        return out
+        return sum(stage_memory(self.zero[j].reshape(-1, *extra), dense, expert, self.shards[j].reshape(-1, *extra),
+                                self.eshards[j].reshape(-1, *extra), inflight, saved, head, transient, prefetch))
 
     def _fixed_groups(self, idx: np.ndarray):
         """(pp, vpp, positions in idx) of the fixed-split candidates, grouped."""
