@@ -166,8 +166,8 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
         key = pricing_key(prof)
         if key in priced_like:
             # another strategy with the same prices for every split was priced: its optimum is
-            # this one's, and it cannot beat the best found since (which is no worse than it, or
-            # than the cutoff its DP proved unbeatable); its split keeps a runner-up's price
+            # this one's, found exactly where it could rank (else proven no better than the cutoff
+            # then, which only falls), so its price stands for this one's too
             pruned_bound += 1
             found = [replace(c, strategy=s) for c in priced_like[key]]
         else:
