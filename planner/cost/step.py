@@ -180,6 +180,8 @@ class Profile:
 
 
 _PREFIX_KEYS = ("comp", "fwd", "bwd", "tp", "cp", "ep", "params", "expert", "gemm_w")
+_ROWS = (*_PREFIX_KEYS, "rec_b", "rec_f", "saved_b", "saved_f", "main_b", "main_f")
+"""a layer context's rows per layer kind ('_b': its base recompute mode, '_f': full recompute)"""
 
 
 def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy) -> Profile:
@@ -313,20 +315,13 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     # 'none': a 'selective' table never recomputes a layer fully, so its rows repeat the base's
     base_costs = costs(base_mode)
     full_costs = costs("full") if base_mode == "none" else base_costs
-    rows = {
-        "comp": [c.fwd + c.bwd for c in base_costs], "fwd": [c.fwd for c in base_costs],
-        "bwd": [c.bwd for c in base_costs], "tp": [c.tp for c in base_costs], "cp": [c.cp for c in base_costs],
-        "ep": [c.ep for c in base_costs], "params": [c.params for c in base_costs],
-        "expert": [c.expert_params for c in base_costs], "gemm_w": [c.gemm_weights for c in base_costs],
-        "rec_b": [c.recompute for c in base_costs], "rec_f": [c.recompute for c in full_costs],
-        "saved_b": [c.saved for c in base_costs], "saved_f": [c.saved for c in full_costs],
-        "main_b": [c.saved_main for c in base_costs], "main_f": [c.saved_main for c in full_costs],
-    }
-    table = np.array(list(rows.values()))
-    kinds = dict(zip(rows, table))
-    sums = np.zeros((len(rows), len(kind_index) + 1))
+    table = np.array([(b.fwd + b.bwd, b.fwd, b.bwd, b.tp, b.cp, b.ep, b.params, b.expert_params, b.gemm_weights,
+                       b.recompute, f.recompute, b.saved, f.saved, b.saved_main, f.saved_main)
+                      for b, f in zip(base_costs, full_costs)]).T
+    kinds = dict(zip(_ROWS, table))
+    sums = np.zeros((len(_ROWS), len(kind_index) + 1))
     np.cumsum(table[:, kind_index], axis=1, out=sums[:, 1:])
-    prefix = dict(zip(rows, sums))
+    prefix = dict(zip(_ROWS, sums))
     emb, head = embedding_work(model, base), head_work(model, base)
 
     def t_mem(n_bytes):
