@@ -244,28 +244,31 @@ class Refiner:
             else:
                 n = np.arange(1, min(space.stage_width(L, p), L - p + 1) + 1)
                 first, last = [(0 * n, n)], [(L - n, L + 0 * n)]
-            out[sel] = np.maximum(self._least_tail(idx[sel], 0, p, first), self._least_tail(idx[sel], p - 1, p, last))
-            if not fx and p > 1:
-                out[sel] = np.maximum(out[sel], self._largest_stage_tail(idx[sel], p))
+            parts = [(0, first), (p - 1, last)]
+            largest = self._largest_stage_parts(p) if not fx and p > 1 else []
+            tails = self._least_tails(idx[sel], p, parts + largest)
+            out[sel] = np.maximum(tails[0], tails[1])
+            if largest:
+                out[sel] = np.maximum(out[sel], np.min(tails[2:], axis=0))
         return out
 
-    def _largest_stage_tail(self, j: np.ndarray, p: int) -> np.ndarray:
+    def _largest_stage_parts(self, p: int) -> list:
         """Some stage holds at least n = ceil(L/p) layers, so the largest tail is at least the
         least tail of a range of n..width layers: at the first stage ([0, ...)), the last
         ([..., L)) or a middle one; a middle stage's tail only falls with its index (more
-        micro-batches to hide behind), so stage p-2 stands for them all."""
+        micro-batches to hide behind), so stage p-2 stands for them all. The (stage, chunks)
+        parts for _least_tails, whose least is that floor."""
         L = self.model.layers
         n = -(-L // p)
         lengths = np.arange(n, min(space.stage_width(L, p), L - p + 1) + 1)
-        least = np.minimum(self._least_tail(j, 0, p, [(0 * lengths, lengths)]),
-                           self._least_tail(j, p - 1, p, [(L - lengths, L + 0 * lengths)]))
+        parts = [(0, [(0 * lengths, lengths)]), (p - 1, [(L - lengths, L + 0 * lengths)])]
         if p >= 3:
             # with one layer kind every start gives the same sums: one start stands for all
             starts = np.arange(1, 2 if self.one_kind else L)
             a, size = np.meshgrid(starts, lengths, indexing="ij")
             keep = a + size <= L - 1
-            least = np.minimum(least, self._least_tail(j, p - 2, p, [(a[keep], (a + size)[keep])]))
-        return least
+            parts.append((p - 2, [(a[keep], (a + size)[keep])]))
+        return parts
 
     def fits(self, idx: np.ndarray) -> np.ndarray:
         """Per candidate, False when its split is fixed (the even split) and some stage exceeds
@@ -429,9 +432,15 @@ class Refiner:
 
         return total, end
 
-    def _least_tail(self, j: np.ndarray, stage: int, pp: int, chunks: list) -> np.ndarray:
-        """Least tail over the options (last axis) of stage `stage` holding `chunks`."""
-        total, end = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
+    def _least_tails(self, j: np.ndarray, pp: int, parts: list) -> list[np.ndarray]:
+        """Per part (stage, chunks), the least tail over the options (last axis of the chunks'
+        arrays) of that stage holding those chunks; the parts, with as many chunks each, are
+        priced in one pass."""
+        sizes = [len(chunks[0][0]) for _, chunks in parts]
+        chunks = [(np.concatenate([c[k][0] for _, c in parts])[None, :], np.concatenate([c[k][1] for _, c in parts])[None, :])
+                  for k in range(len(parts[0][1]))]
+        stage = np.concatenate([np.full(n, i) for (i, _), n in zip(parts, sizes)])[None, :]
+        total, end = self._sums(j, chunks)
         dense = stage_ends(stage == 0, stage == pp - 1, total("params"), 0.0, end("emb_params"),
                            end("head_params") - self.tied[j][:, None], 0.0, 0.0)[0]
         rec = np.where(self.full[j][:, None], total("rec_f"), total("rec_b"))
@@ -440,7 +449,8 @@ class Refiner:
                                     dp_grad_bytes(self.setup.precision), dense, total("expert"), total("fwd"),
                                     total("bwd") + rec, stage, self.dp_overlap, self.shards[j][col],
                                     self.eshards[j][col], self.cluster)
-        return np.min(exposed + opt, axis=1)
+        tails = np.broadcast_to(exposed + opt, (len(j), sum(sizes)))
+        return [part.min(axis=1) for part in np.split(tails, np.cumsum(sizes)[:-1], axis=1)]
 
 
 class Layers(NamedTuple):
