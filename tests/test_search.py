@@ -51,6 +51,29 @@ def _compositions(total, parts, width):
             yield (first,) + rest
 
 
+def _split_step(t, tail, ok, cells, m):
+    """The 1F1B step of the stages at `cells` of the tables (None if one does not fit)."""
+    if not all(ok[c] for c in cells):
+        return None
+    times = [t[c] for c in cells]
+    return (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells)
+
+
+def _brute_best_split(t, tail, ok, m):
+    """The least step over every contiguous split and, with a fourth axis, every option of
+    every stage (None when nothing fits)."""
+    if t.ndim == 3:
+        t, tail, ok = t[..., None], tail[..., None], ok[..., None]
+    p, layers, width, options = t.shape[0], t.shape[1] - 1, t.shape[2], t.shape[3]
+    steps = []
+    for sizes in _compositions(layers, p, width):
+        cuts = np.concatenate(([0], np.cumsum(sizes)))
+        for chosen in itertools.product(range(options), repeat=p):
+            steps.append(_split_step(t, tail, ok, [(i, cuts[i], sizes[i] - 1, chosen[i]) for i in range(p)], m))
+    steps = [x for x in steps if x is not None]
+    return min(steps) if steps else None
+
+
 @settings(max_examples=60, deadline=None)
 @given(p=st.integers(1, 4), layers=st.integers(1, 9), m=st.integers(1, 12), seed=st.integers(0, 10**6))
 def test_split_dp_matches_brute_force(p, layers, m, seed):
@@ -66,15 +89,7 @@ def test_split_dp_matches_brute_force(p, layers, m, seed):
             for n in range(1, width + 1):
                 if a + n <= layers:
                     t[i, a, n - 1] = n * rng.uniform(0.5, 1.5) + (1.0 if i == p - 1 else 0.0)
-    best = None
-    for sizes in _compositions(layers, p, width):
-        cuts = np.concatenate(([0], np.cumsum(sizes)))
-        cells = [(i, cuts[i], sizes[i] - 1) for i in range(p)]
-        if not all(ok[c] for c in cells):
-            continue
-        times = [t[c] for c in cells]
-        step = (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells)
-        best = step if best is None else min(best, step)
+    best = _brute_best_split(t, tail, ok, m)
     found = stages.best_split(t, tail, ok, m)
     if best is None:
         assert found is None
@@ -103,16 +118,7 @@ def test_split_dp_with_options_matches_brute_force(p, layers, m, options, monoto
             t[i, a, n - 1] = n * rng.uniform(0.5, 1.5) + (np.cumsum(extra) if monotone else extra)
             if monotone:
                 tail[i, a, n - 1] = np.sort(tail[i, a, n - 1])[::-1]
-    best = None
-    for sizes in _compositions(layers, p, width):
-        cuts = np.concatenate(([0], np.cumsum(sizes)))
-        for chosen in itertools.product(range(options), repeat=p):
-            cells = [(i, cuts[i], sizes[i] - 1, chosen[i]) for i in range(p)]
-            if not all(ok[c] for c in cells):
-                continue
-            times = [t[c] for c in cells]
-            step = (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells)
-            best = step if best is None else min(best, step)
+    best = _brute_best_split(t, tail, ok, m)
     found = stages.best_split(t, tail, ok, m)
     if best is None:
         assert found is None
@@ -120,9 +126,7 @@ def test_split_dp_with_options_matches_brute_force(p, layers, m, options, monoto
     assert found.exhaustive
     assert found.step_s == pytest.approx(best, rel=1e-12)
     cells = [(i, lo, hi - lo - 1, r) for i, ((lo, hi), r) in enumerate(zip(found.bounds, found.options))]
-    assert all(ok[c] for c in cells)
-    times = [t[c] for c in cells]
-    assert (m - 1) * max(times) + sum(times) + max(tail[c] for c in cells) == pytest.approx(best, rel=1e-12)
+    assert _split_step(t, tail, ok, cells, m) == pytest.approx(best, rel=1e-12)
 
 
 # --- the recompute ILP against every count vector ------------------------------------------
