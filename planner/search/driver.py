@@ -306,11 +306,12 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf"),
     free_split = rules.free_split(s.pp, s.vpp)
     found = plain = None
     if free_split:
-        # the even split is one of the splits: where it fits, its step caps the DP's window (a
-        # relaxed step is a lower bound, so a DP that finds nothing below it leaves the even split
-        # the best, 'full' included)
-        plain = _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats)
-        found = _dp_split(prof, cap, min(best_s, plain.step_time_s) if plain.fits else best_s, tail_floor)
+        # the even split is one of the splits: where it fits, its step caps the DP's window (a DP
+        # that finds nothing below it leaves the even split the best). Under 'full' its counts
+        # would take an ILP of their own, which costs more than the narrower window saves.
+        plain = None if s.recompute == "full" else _candidate(prof, even, None)
+        cutoff = min(best_s, plain.step_time_s) if plain is not None and plain.fits else best_s
+        found = _dp_split(prof, cap, cutoff, tail_floor)
         if found is not None:
             stats["programmes"] += found.programmes
             stats["optimal"] &= found.exhaustive
@@ -319,8 +320,6 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf"),
     if found is None:  # nothing fits or beats the cutoff: the even split says by how much
         return [plain or _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats)], stats
     cand = _with_counts(prof, found.bounds, rules, cap, solver, time_limit_s, best_s, stats)
-    if plain is not None and plain.fits and plain.step_time_s < cand.step_time_s:
-        cand = plain
     if s.recompute == "full":
         # the split was chosen on relaxed tables (each range at its least time and least tail), so
         # another split may do better once the counts are chosen exactly
