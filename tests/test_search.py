@@ -404,3 +404,17 @@ def test_strategies_with_equal_pricing_keys_price_alike():
                           for e in (estimate(model, CLUSTER, setup, s, bounds=bounds, recompute_layers=counts)
                                     for s in group)}
                 assert len(priced) == 1, (group, bounds, counts, priced)
+
+
+def test_megatron_two_stage_split_is_free():
+    """Megatron lets only the first and last stage differ; with two stages both are ends, so
+    every split is allowed and the search must find the best of them (a large vocabulary makes
+    the head's stage want fewer layers)."""
+    model = ModelSpec(name="m", layers=8, hidden=1024, heads=8, ffn_hidden=4096, vocab=256000, seq_len=2048)
+    setup = TrainingSetup(gpus=2, global_batch=8, seq_len=2048, runtime="megatron")
+    fixed = {"pp": 2, "tp": 1, "cp": 1, "vpp": 1, "micro_batch": 1, "zero": 1, "recompute": "none"}
+    result = search(model, CLUSTER, setup, fixed, top=0)
+    s = result.best.strategy
+    steps = {cut: estimate(model, CLUSTER, setup, s, bounds=[(0, cut), (cut, 8)]).step_time_s for cut in range(1, 8)}
+    assert min(steps, key=steps.get) != 4  # the even split is not the best here
+    assert result.best.step_time_s == pytest.approx(min(steps.values()), rel=TIE)

@@ -263,7 +263,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
                                  ctx.col("rec_cost_s")[c[f]], L, kmax, inv_k, cap)
     sigma = ctx.col("total_s")[c] + pp * p2p * v + zfloor + rec
     bottleneck = sigma / pp
-    fixed = (pp == 1) | (v > 1) if rules.uneven_split != "none" else np.ones(len(z), dtype=bool)
+    fixed = np.broadcast_to(rules.fixed_split(pp, v), pp.shape)
     if fixed.any():
         f = np.nonzero(fixed)[0]
         bottleneck[f] = np.maximum(bottleneck[f], even_split_max(ctx, c[f], pp[f], v[f], L) + p2p[f] * v[f])

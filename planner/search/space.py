@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup
@@ -57,14 +59,15 @@ class RuntimeRules:
     replicate_alone: bool = False
     """ZeRO-0 (plain replication) only when data parallelism is the only parallelism"""
 
-    def fixed_split(self, pp: int, vpp: int) -> bool:
+    def fixed_split(self, pp, vpp):
         """Whether the even split is the only split: one stage, interleaving (equal virtual
-        chunks), or a runtime that splits evenly."""
-        return pp == 1 or vpp > 1 or self.uneven_split == "none"
+        chunks), or a runtime that splits evenly (elementwise over arrays of pp and vpp)."""
+        return np.equal(pp, 1) | np.greater(vpp, 1) | (self.uneven_split == "none")
 
     def free_split(self, pp: int, vpp: int) -> bool:
-        """Whether any contiguous split is allowed (the split DP's case)."""
-        return not self.fixed_split(pp, vpp) and self.uneven_split == "any"
+        """Whether any contiguous split is allowed (the split DP's case): 'any', or 'ends' with
+        two stages, which are both ends."""
+        return not self.fixed_split(pp, vpp) and (self.uneven_split == "any" or pp == 2)
 
 
 RUNTIME_RULES: dict[str, RuntimeRules] = {
