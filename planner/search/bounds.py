@@ -41,7 +41,7 @@ from planner.cost.step import (
     zero_traffic_s,
 )
 from planner.placement import group_spans
-from planner.search import space, stages
+from planner.search import space
 from planner.search.contexts import KINDS, Table, affine, context
 from planner.search.floors import (
     SAFETY,
@@ -90,17 +90,17 @@ class Bounds:
         """Candidate j's knobs other than zero and vpp."""
         return self.outer.knobs(int(self.row[j]), int(self.pp[j]))
 
-    def refined_s(self, idx: np.ndarray, cutoff: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
-        """Tighter bounds of candidates idx and a floor of their largest tail: the pipeline part
-        (with the free split's integrality, Refiner.pipe_floor_s) plus the least largest tail
-        (Refiner.floor_s), never below the first bound; infinite when no split of the candidate
-        fits in memory (Refiner.fits, checked only where the bound is below `cutoff`)."""
+    def refined_s(self, idx: np.ndarray, cutoff: float = np.inf) -> np.ndarray:
+        """Tighter bounds of candidates idx: the pipeline part (with the free split's
+        integrality, Refiner.pipe_floor_s) plus the least largest tail (Refiner.floor_s), never
+        below the first bound; infinite when no split of the candidate fits in memory
+        (Refiner.fits, checked only where the bound is below `cutoff`)."""
         rows = self.order[idx]
         tail = np.maximum(self.bound_s[idx] - self.pipe_s[idx], self.refiner.floor_s(rows) * (1 - SAFETY))
         bound = np.maximum(self.bound_s[idx], self.refiner.pipe_floor_s(rows) + tail)
         check = np.nonzero(bound < cutoff)[0]
         bound[check[~self.refiner.fits(rows[check])]] = np.inf
-        return bound, tail
+        return bound
 
 
 def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict, rules: space.RuntimeRules,
@@ -299,20 +299,3 @@ def even_split_max(ctx: Table, c: np.ndarray, pp: np.ndarray, v: np.ndarray, lay
         times[:, -1] += ctx.col("last_s")[used]
         out[sel] = times.max(axis=1)[back]
     return out
-
-
-def split_floor(prof, width: int) -> float:
-    """A lower bound on the step of every split, from stage times without the terms that need
-    ZeRO, memory or recompute counts: (m - 1) * (least bottleneck) + sum of stage times. Cheap
-    (prefix sums only), so the DP's tables are built only for candidates that may win."""
-    s, L, P, E = prof.strategy, prof.model.layers, prof.prefix, prof.ends
-    per = sum(P[k] for k in ("comp", "rec_b", "tp", "cp", "ep"))
-    a = np.arange(L + 1)[:, None]
-    n = np.arange(1, width + 1)[None, :]
-    end = np.minimum(a + n, L)
-    base = np.where(a + n <= L, per[end] - per[a], np.inf) + prof.p2p_s
-    t = np.broadcast_to(base, (s.pp, L + 1, width)).copy()
-    t[0] += E["emb_comp"] + E["emb_tp"]
-    t[-1] += E["head_comp"] + E["head_tp"]
-    total = per[L] + E["emb_comp"] + E["emb_tp"] + E["head_comp"] + E["head_tp"] + s.pp * prof.p2p_s
-    return (prof.microbatches - 1) * stages.least_bottleneck(t) + total

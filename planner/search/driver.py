@@ -141,7 +141,7 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
     priced_like: dict[tuple, list[Candidate]] = {}  # pricing_key -> what its first strategy was priced at
     ranked = _Ranked(top)
     queue = _BoundOrder(found_bounds)
-    for j, bound, tail in queue:
+    for j, bound in queue:
         if best is not None and bound >= ranked.cutoff_s * (1 - TIE):
             # nothing left can beat the best, nor the runners-up: bounds carry a margin of SAFETY
             # against rounding, so a candidate within TIE of them ties (floors.TIE)
@@ -171,7 +171,7 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
             pruned_bound += 1
             found = [replace(c, strategy=s) for c in priced_like[key]]
         else:
-            found, stats = _price(prof, rules, solver, time_limit_s, ranked.cutoff_s, tail)
+            found, stats = _price(prof, rules, solver, time_limit_s, ranked.cutoff_s)
             priced_like[key] = found
             priced += 1
             if stats["relaxed_s"] is not None and min(c.step_time_s for c in found) > stats["relaxed_s"] * (1 + SAFETY):
@@ -240,9 +240,8 @@ class _BoundOrder:
     batch of them is refined (Bounds.refined_s, vectorised) into a heap only when the heap's
     least refined bound is no longer below the next first bound, so the refinement costs in
     proportion to how far the search gets. Batches double until a plan is found; after it, one
-    batch holds every candidate whose first bound is below the plan. Yields (candidate, refined
-    bound, floor of its largest tail); every bound yielded after the first plan is found is the
-    least remaining."""
+    batch holds every candidate whose first bound is below the cutoff. Yields (candidate,
+    refined bound); every bound yielded after the first plan is found is the least remaining."""
 
     FIRST_BATCH = 32
     MAX_BATCH = 4096
@@ -251,8 +250,8 @@ class _BoundOrder:
     def __init__(self, found: bounds.Bounds):
         self.found, self.next, self.heap, self.batch = found, 0, [], self.FIRST_BATCH
         self.cutoff = float("inf")
-        """the best step found so far (the caller keeps it current): what cannot beat it needs
-        no memory check"""
+        """what a candidate must beat to matter (the caller keeps it current: the best plan's
+        step, or its last runner-up's): what cannot beat it needs no memory check"""
 
     @property
     def remaining(self) -> int:
@@ -265,8 +264,8 @@ class _BoundOrder:
             # makes the memory checks of the next batches unnecessary); after it, bound order
             early = self.cutoff == float("inf") and self.heap and self.heap[0][0] < float("inf")
             if self.heap and (early or self.next >= len(first) or self.heap[0][0] <= first[self.next]):
-                bound, j, tail = heapq.heappop(self.heap)
-                yield j, bound, tail
+                bound, j = heapq.heappop(self.heap)
+                yield j, bound
                 continue
             stop = min(len(first), self.next + self.batch)
             if self.cutoff < float("inf"):
@@ -274,14 +273,13 @@ class _BoundOrder:
                 # refining: one batch of them all costs less than the same rows in many batches
                 below = int(np.searchsorted(first, self.cutoff * (1 - TIE)))
                 if below <= self.next:
-                    # no candidate left has a first bound below the best: the caller stops here
+                    # no candidate left has a first bound below the cutoff: the caller stops here
                     self.next += 1
-                    yield self.next - 1, float(first[self.next - 1]), 0.0
+                    yield self.next - 1, float(first[self.next - 1])
                     continue
                 stop = min(below, self.next + self.CUTOFF_BATCH)
             idx = np.arange(self.next, stop)
-            refined, tails = self.found.refined_s(idx, self.cutoff)
-            for item in zip(refined.tolist(), idx.tolist(), tails.tolist()):
+            for item in zip(self.found.refined_s(idx, self.cutoff).tolist(), idx.tolist()):
                 heapq.heappush(self.heap, item)
             self.next += len(idx)
             self.batch = min(2 * self.batch, self.MAX_BATCH)
@@ -291,8 +289,7 @@ def _key(s: Strategy) -> tuple:
     return (s.dp, s.tp, s.pp, s.cp, s.ep, s.vpp, s.micro_batch, s.zero, s.recompute, s.order, s.sequence_parallel)
 
 
-def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf"),
-           tail_floor: float = 0.0) -> tuple[list[Candidate], dict]:
+def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> tuple[list[Candidate], dict]:
     """The split: the exact DP for 1F1B with a free split (for 'full' on the relaxed tables of
     `_tables`), Megatron's first/last-stage split, or the even split. Then, for 'full', how many
     layers each stage recomputes by the ILP; when that lands above the relaxed DP's step and the
@@ -311,7 +308,7 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf"),
         # would take an ILP of their own, which costs more than the narrower window saves.
         plain = None if s.recompute == "full" else _candidate(prof, even, None)
         cutoff = min(best_s, plain.step_time_s) if plain is not None and plain.fits else best_s
-        found = _dp_split(prof, cap, cutoff, tail_floor)
+        found = _dp_split(prof, cutoff)
         if found is not None:
             stats["programmes"] += found.programmes
             stats["optimal"] &= found.exhaustive
@@ -326,7 +323,7 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf"),
         if cand.step_time_s > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
             if free_split and not rules.uniform_recompute:
                 # choose the split and each stage's count together: the DP over counts is exact
-                joint = _dp_split(prof, cap, min(best_s, cand.step_time_s), tail_floor, counts=True)
+                joint = _dp_split(prof, min(best_s, cand.step_time_s), counts=True)
                 if joint is not None:
                     stats["programmes"] += joint.programmes
                     stats["optimal"] &= joint.exhaustive
@@ -414,16 +411,11 @@ def _least_counts(prof, i, rng, n, cap):
     return np.where(none, 0, lo), none | some
 
 
-def _dp_split(prof, cap, cutoff: float = float("inf"), tail_floor: float = 0.0,
-              counts: bool = False) -> stages.Split | None:
-    """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`);
-    `tail_floor` is a known lower bound of every split's largest tail. With `counts` (recompute
-    'full', a count per stage) it chooses each stage's count too (Split.options)."""
-    s, L = prof.strategy, prof.model.layers
-    width = space.stage_width(L, s.pp)
-    if bounds.split_floor(prof, width) + tail_floor >= cutoff:
-        return None
-    t, tail, ok = _tables(prof, width, counts)
+def _dp_split(prof, cutoff: float = float("inf"), counts: bool = False) -> stages.Split | None:
+    """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`).
+    With `counts` (recompute 'full', a count per stage) it chooses each stage's count too
+    (Split.options)."""
+    t, tail, ok = _tables(prof, space.stage_width(prof.model.layers, prof.strategy.pp), counts)
     return stages.best_split(t, tail, ok, prof.microbatches, cutoff)
 
 

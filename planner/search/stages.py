@@ -77,11 +77,6 @@ def _chain(skewed: np.ndarray, combine) -> tuple[float, list[np.ndarray]]:
     return float(best[n1 - 1]), totals
 
 
-def least_bottleneck(cost: np.ndarray) -> float:
-    """Min over splits of max_i cost[i, a_i, n_i]: the least bottleneck any split can have."""
-    return _chain(_skew(cost), np.maximum)[0]
-
-
 def _shortest(skewed: np.ndarray) -> tuple[float, list[int]]:
     """Min over splits of sum_i cost[i, a_i, n_i] (a_0 = 0, a_i + n_i = a_{i+1}, a_p = L) on
     _skew's layout, and the split's cut points."""
