@@ -131,18 +131,16 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
     if progress:
         progress(0, total, "pricing")
 
-    best: Candidate | None = None
     closest: Candidate | None = None
-    pool: list[Candidate] = []
     priced = programmes = ilp_solves = 0
     optimal = True
     pruned_bound, pruned_memory_late = found_bounds.dominated, 0
     relaxed_gaps: list[float] = []
-    priced_like: dict[tuple, list[Candidate]] = {}  # pricing_key -> what its first strategy was priced at
+    priced_like: dict[tuple, Candidate] = {}  # pricing_key -> what its first strategy was priced at
     ranked = _Ranked(top)
     queue = _BoundOrder(found_bounds)
     for j, bound in queue:
-        if best is not None and bound >= ranked.cutoff_s * (1 - TIE):
+        if ranked.best is not None and bound >= ranked.cutoff_s * (1 - TIE):
             # nothing left can beat the best, nor the runners-up: bounds carry a margin of SAFETY
             # against rounding, so a candidate within TIE of them ties (floors.TIE)
             pruned_bound += queue.remaining + 1
@@ -151,13 +149,13 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
             # everything left is proven not to fit: price only the few with the least memory
             # floors, to say what the closest would need
             pruned_memory_late = queue.remaining + 1
-            if best is None:
+            if ranked.best is None:
                 for k in np.argsort(found_bounds.floor_bytes, kind="stable")[:CLOSEST_TRIES].tolist():
                     s = _strategy(found_bounds, k, fixed)
                     if not strategy_problems(s, model, setup):
-                        for cand in _price(profile(model, cluster, setup, s), rules, solver, time_limit_s)[0]:
-                            if closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
-                                closest = cand
+                        cand = _price(profile(model, cluster, setup, s), rules, solver, time_limit_s)[0]
+                        if closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
+                            closest = cand
             break
         s = _strategy(found_bounds, j, fixed)
         if strategy_problems(s, model, setup):
@@ -169,38 +167,27 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
             # this one's, found exactly where it could rank (else proven no better than the cutoff
             # then, which only falls), so its price stands for this one's too
             pruned_bound += 1
-            found = [replace(c, strategy=s) for c in priced_like[key]]
+            cand = replace(priced_like[key], strategy=s)
         else:
-            found, stats = _price(prof, rules, solver, time_limit_s, ranked.cutoff_s)
-            priced_like[key] = found
+            cand, stats = _price(prof, rules, solver, time_limit_s, ranked.cutoff_s)
+            priced_like[key] = cand
             priced += 1
-            if stats["relaxed_s"] is not None and min(c.step_time_s for c in found) > stats["relaxed_s"] * (1 + SAFETY):
+            if stats["relaxed_s"] is not None and cand.step_time_s > stats["relaxed_s"] * (1 + SAFETY):
                 relaxed_gaps.append(stats["relaxed_s"])
             programmes += stats["programmes"]
             ilp_solves += stats["ilp"]
             optimal &= stats["optimal"]
-        for cand in found:
-            if cand.fits:
-                pool.append(cand)
-                ranked.add(cand)
-                queue.cutoff = ranked.cutoff_s
-                if best is None or cand.step_time_s < best.step_time_s:
-                    best = cand
-            elif closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
-                closest = cand
+        if cand.fits:
+            ranked.add(cand)
+            queue.cutoff = ranked.cutoff_s
+        elif closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
+            closest = cand
         if progress and priced % 16 == 0:
             progress(priced, priced + queue.remaining, "pricing")
+    best = ranked.best
     if best is not None and any(g < best.step_time_s * (1 - SAFETY) for g in relaxed_gaps):
         optimal = False  # a 'full' candidate's other splits were not all priced and might win
-    pool.sort(key=lambda c: (c.step_time_s, _key(c.strategy)))
-    seen, alternatives = {_key(best.strategy)} if best else set(), []
-    for cand in pool:
-        if len(alternatives) >= top:
-            break
-        if _key(cand.strategy) not in seen:
-            seen.add(_key(cand.strategy))
-            alternatives.append(cand)
-    return SearchResult(best=best, alternatives=tuple(alternatives), closest=closest,
+    return SearchResult(best=best, alternatives=ranked.alternatives, closest=closest,
                         considered=found_bounds.considered,
                         pruned_memory=found_bounds.pruned_memory + pruned_memory_late, pruned_bound=pruned_bound, priced=priced,
                         programmes=programmes, ilp_solves=ilp_solves, proven_optimal=optimal,
@@ -216,23 +203,32 @@ def _strategy(found: bounds.Bounds, j: int, fixed: dict) -> Strategy:
 
 
 class _Ranked:
-    """The step times of the best plan and of the `top` runners-up found so far (distinct
-    strategies): what a candidate must beat to be among them (cutoff_s; infinite until there
-    are top + 1), so that the runners-up a plan lists are exact too."""
+    """The best plan and the `top` runners-up found so far (distinct strategies; among equal
+    steps the one priced first ranks first), and what a candidate must beat to be among them
+    (cutoff_s; infinite until there are top + 1), so that the runners-up a plan lists are exact
+    too."""
 
     def __init__(self, top: int):
-        self.top, self.steps, self.keys = top, [], set()
+        self.top, self.entries, self.keys = top, [], set()
 
     def add(self, cand: Candidate) -> None:
         key = _key(cand.strategy)
         if key not in self.keys:
             self.keys.add(key)
-            bisect.insort(self.steps, cand.step_time_s)
-            del self.steps[self.top + 1:]
+            bisect.insort(self.entries, (cand.step_time_s, len(self.keys), cand))
+            del self.entries[self.top + 1:]
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.entries[0][2] if self.entries else None
+
+    @property
+    def alternatives(self) -> tuple[Candidate, ...]:
+        return tuple(sorted((c for _, _, c in self.entries[1:]), key=lambda c: (c.step_time_s, _key(c.strategy))))
 
     @property
     def cutoff_s(self) -> float:
-        return self.steps[self.top] if len(self.steps) > self.top else float("inf")
+        return self.entries[self.top][0] if len(self.entries) > self.top else float("inf")
 
 
 class _BoundOrder:
@@ -289,7 +285,7 @@ def _key(s: Strategy) -> tuple:
     return (s.dp, s.tp, s.pp, s.cp, s.ep, s.vpp, s.micro_batch, s.zero, s.recompute, s.order, s.sequence_parallel)
 
 
-def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> tuple[list[Candidate], dict]:
+def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> tuple[Candidate, dict]:
     """The split: the exact DP for 1F1B with a free split (for 'full' on the relaxed tables of
     `_tables`), Megatron's first/last-stage split, or the even split. Then, for 'full', how many
     layers each stage recomputes by the ILP; when that lands above the relaxed DP's step and the
@@ -315,7 +311,7 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     elif s.pp > 2 and s.vpp == 1 and rules.uneven_split == "ends":
         found = _ends_split(prof, cap)
     if found is None:  # nothing fits or beats the cutoff: the even split says by how much
-        return [plain or _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats)], stats
+        return plain or _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats), stats
     cand = _with_counts(prof, found.bounds, rules, cap, solver, time_limit_s, best_s, stats)
     if s.recompute == "full":
         # the split was chosen on relaxed tables (each range at its least time and least tail), so
@@ -330,7 +326,7 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
                     cand = _candidate(prof, joint.bounds, joint.options)
             else:
                 stats["relaxed_s"] = found.step_s  # the caller compares it with the best plan
-    return [cand], stats
+    return cand, stats
 
 
 def _with_counts(prof, split, rules, cap, solver, time_limit_s, best_s, stats) -> Candidate:
