@@ -199,10 +199,10 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
                    prefetch_bytes=tables.prefetch_bytes, spans=spans)
 
 
-def state_shards(s: Strategy) -> tuple[int, int]:
+def state_shards(dp: int, cp: int, ep: int) -> tuple[int, int]:
     """The ranks ZeRO shards a stage's states over: dp*cp for dense parameters, the expert
     data-parallel group dp*cp/ep for experts."""
-    return s.dp * s.cp, max(1, s.dp * s.cp // s.ep)
+    return dp * cp, max(1, dp * cp // ep)
 
 
 def pricing_key(prof: Profile) -> tuple:
@@ -212,7 +212,7 @@ def pricing_key(prof: Profile) -> tuple:
     a key when their layer prices come out equal, e.g. cp and micro-batch scaled together with
     dp*cp fixed (tests/test_search.py shows such ties)."""
     s = prof.strategy
-    return (s.pp, s.vpp, s.tp, s.zero, s.dp_overlap, *state_shards(s), s.recompute,
+    return (s.pp, s.vpp, s.tp, s.zero, s.dp_overlap, *state_shards(s.dp, s.cp, s.ep), s.recompute,
             s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.p2p_s, prof.transient_bytes,
             prof.prefetch_bytes, prof.spans["dpcp"], prof.spans["edp"], tuple(sorted(prof.ends.items())),
             tuple(prof.prefix[k].tobytes() for k in sorted(prof.prefix)))
@@ -363,7 +363,7 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
         per_mb = zero_traffic_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"])
         z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
     t = comp + sums["rec"] + tp + sums["cp"] + sums["ep"] + prof.p2p_s + z
-    shards, eshards = state_shards(s)
+    shards, eshards = state_shards(s.dp, s.cp, s.ep)
     # recomputation runs inside backward and hides traffic too
     exposed, opt = stage_tail_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
                                 sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster)
@@ -418,7 +418,7 @@ def stage_memory_bytes(prof: Profile, i, chunks, recompute_layers=0):
     sums = _stage_sums(prof, chunks, recompute_layers, ("params", "expert"))
     dense, saved, head_saved = stage_ends(first, last, sums["params"], sums["saved"], E["emb_params"],
                                           E["head_params"], E["emb_saved"], E["head_saved"])
-    return sum(stage_memory(s.zero, dense, sums["expert"], *state_shards(s),
+    return sum(stage_memory(s.zero, dense, sums["expert"], *state_shards(s.dp, s.cp, s.ep),
                             pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
                             prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes))
 
@@ -477,11 +477,17 @@ def stage_tail_s(coll, zero, grad_bytes: int, dense, expert, fwd_s, bwd_s, stage
                    + np.maximum(0.0, gather - eff.dp_overlap_fraction * fwd_s))
     else:
         exposed = grad + gather
+    return exposed, optimizer_s(zero, dense, expert, shards, eshards, cluster)
+
+
+def optimizer_s(zero, dense, expert, shards, eshards, cluster: Cluster):
+    """The optimizer step over a stage's parameter shard: ADAM_BYTES_PER_PARAM of memory traffic
+    a parameter, the states sharded over the dp*cp (experts: expert data-parallel) group from
+    ZeRO-1 on. Arrays broadcast."""
     sharded = np.greater_equal(zero, 1)
-    opt = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / np.where(sharded, shards, 1)
-                                                        + expert / np.where(sharded, eshards, 1)),
-                                cluster.gpu.hbm_Bps, eff)
-    return exposed, opt
+    return compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / np.where(sharded, shards, 1)
+                                                         + expert / np.where(sharded, eshards, 1)),
+                                 cluster.gpu.hbm_Bps, cluster.efficiency)
 
 
 def split_terms(prof: Profile, bounds, recompute_layers=None) -> dict:

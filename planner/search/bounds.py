@@ -27,16 +27,17 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.cost import comm, compute, memory
+from planner.cost import comm, memory
 from planner.cost.pipeline import even_chunks, in_flight
 from planner.cost.step import (
-    ADAM_BYTES_PER_PARAM,
     base_mode,
     dp_grad_bytes,
     layer_kind_index,
     layer_memory,
+    optimizer_s,
     p2p_s,
     selective_saves_memory,
+    state_shards,
     tied_head_params,
     zero_traffic_s,
 )
@@ -165,8 +166,8 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                         # 'full' reads the same layer context as 'none' (its base rows)
                         key = (tp, cp, ep, mb, sp, base_mode(mode), span_set)
                         mkey = (tp, cp, ep, mb, sp, mode)
-                        rows.append((contexts.setdefault(key, len(contexts)), lay, pp, dp * cp,
-                                     max(1, dp * cp // ep), m, p2p, tied, mode == "full", zmask, vid,
+                        rows.append((contexts.setdefault(key, len(contexts)), lay, pp,
+                                     *state_shards(dp, cp, ep), m, p2p, tied, mode == "full", zmask, vid,
                                      memories.setdefault(mkey, len(memories)), tp, cp, dp, ep, mb, i, o, sp))
     table = np.array(rows, dtype=float).reshape(-1, 20)
     outer = _Outer(table[:, 12:].astype(int), tuple(modes), tuple(orders), fixed.get("dp_overlap", True))
@@ -245,10 +246,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     dense, expert = ctx.col("dense")[c] - tied, ctx.col("expert")[c]
 
     # the largest tail is at least the optimizer step of the stage with the most parameters
-    sharded = z > 0
-    opt = compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / np.where(sharded, shards, 1)
-                                                        + expert / np.where(sharded, eshards, 1)) / pp,
-                                cluster.gpu.hbm_Bps, eff)
+    opt = optimizer_s(z, dense / pp, expert / pp, shards, eshards, cluster)
     # ZeRO-2/3 per-micro-batch traffic not hidden: sum_i max(0, x_i) >= max(0, sum_i x_i)
     coef = np.array([[[comm.affine_s(kind, group, cluster) for group in (dpcp, edp)] for kind in KINDS]
                      for edp, dpcp in layouts]).reshape(len(layouts), len(KINDS), 2, 2)
