@@ -232,3 +232,21 @@ def test_stage_memory_bytes_is_stage_terms_memory(zero, mode, vpp):
     i = np.arange(s.pp)
     for r in (0, 1, sizes // 2, sizes):
         assert np.array_equal(stage_memory_bytes(prof, i, chunks, r), stage_terms(prof, i, chunks, r)["memory"])
+
+
+@pytest.mark.parametrize("model_name,tp,cp,ep,mb,mode", [("deepseek-v3", 2, 1, 8, 1, "none"), ("deepseek-v3", 1, 2, 16, 2, "full"),
+                                                         ("llama3-70b", 4, 2, 1, 1, "selective"), ("mixtral-8x7b", 2, 1, 4, 1, "full")])
+def test_layer_memory_is_the_layer_tables_memory_rows(model_name, tp, cp, ep, mb, mode):
+    """The memory floor prunes with layer_memory (layer work only, before any context is priced);
+    it must read the same rows the priced layer tables hold: the least saved bytes of a layer
+    (all of its activations under 'full', its base mode's otherwise) and its local parameters."""
+    from planner.cost.step import context_tables, layer_memory
+
+    model, cluster = load_model(model_name), load_cluster("dgx-h100")
+    setup = TrainingSetup(gpus=1, global_batch=1, seq_len=4096)
+    single = Span(size=1, per_node=1, nodes=1)
+    tab = context_tables(model, cluster, setup, tp, cp, ep, mb, tp > 1, mode, {"tp": single, "cp": single, "ep": single})
+    least_saved, params = layer_memory(model, setup, tp, cp, ep, mb, tp > 1, mode)
+    rows = tab.kinds
+    assert least_saved == rows["saved_f" if mode == "full" else "saved_b"].min()
+    assert set(params) == set(zip(rows["params"].tolist(), rows["expert"].tolist()))

@@ -139,6 +139,12 @@ def _variant(ctx: Ctx, recompute: str, ep: int) -> Ctx:
     return replace(ctx, recompute=recompute, ep=ep)
 
 
+def _kind_ctx(base: Ctx, layer: Layer, recompute: str) -> Ctx:
+    """The context a layer of this kind runs in: `recompute`, and the base's ep only for a layer
+    with experts (one without does not depend on ep, so one cache entry serves every ep)."""
+    return _variant(base, recompute, base.ep if layer.experts else 1)
+
+
 @lru_cache(maxsize=8)
 def _layers(model: ModelSpec):
     return build_layers(model)
@@ -278,7 +284,7 @@ def layer_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: i
     under `recompute` ('full': every layer recomputed): the layer tables' memory rows, from the
     layers' work alone (no timing), for memory floors taken before any context is priced."""
     base = layer_ctx(model, setup, tp, cp, ep, micro_batch, sequence_parallel)
-    work = [layer_work(k, _variant(base, recompute, ep if k.experts else 1)) for k in _kinds(model)[0]]
+    work = [layer_work(k, _kind_ctx(base, k, recompute)) for k in _kinds(model)[0]]
     return (min(w.saved.total for w in work),
             tuple(sorted({(w.params_local, w.expert_params_local) for w in work})))
 
@@ -303,13 +309,11 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     gpu, eff = cluster.gpu, cluster.efficiency
     peak = gpu.flops(precision)
     kinds, kind_index = _kinds(model)
-    # a layer without experts does not depend on ep: one cache entry serves every ep
     no_group = Span(size=1, per_node=1, nodes=1)
 
     def costs(mode):
-        ctx, dense_ctx = _variant(base, mode, base.ep), _variant(base, mode, 1)
-        return [layer_cost(k, ctx, cluster, precision, tp_span, cp_span, ep_span) if k.experts
-                else layer_cost(k, dense_ctx, cluster, precision, tp_span, cp_span, no_group) for k in kinds]
+        return [layer_cost(k, _kind_ctx(base, k, mode), cluster, precision, tp_span, cp_span,
+                           ep_span if k.experts else no_group) for k in kinds]
 
     # only strategies with recompute 'full' read the full-recompute rows, and their base mode is
     # 'none': a 'selective' table never recomputes a layer fully, so its rows repeat the base's
