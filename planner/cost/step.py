@@ -356,8 +356,7 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     sums = _stage_sums(prof, chunks, recompute_layers, _PREFIX_KEYS)
     comp = sums["comp"] + first * E["emb_comp"] + last * E["head_comp"]
     tp = sums["tp"] + first * E["emb_tp"] + last * E["head_tp"]
-    dense, saved, head_saved = stage_ends(first, last, sums["params"], sums["saved"], E["emb_params"],
-                                          E["head_params"], E["emb_saved"], E["head_saved"])
+    dense, saved, head_saved = _held(prof, i, sums)
 
     def coll(kind, n_bytes, group):
         return comm.collective_time_s(kind, n_bytes, prof.spans[group], cluster)
@@ -372,16 +371,13 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     exposed, opt = stage_tail_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
                                 sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster)
 
-    inflight = pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp)
     if paper_accounting:
         gemm_w = sums["gemm_w"] / s.tp
         weights, grads, optim = (memory.WEIGHT_BYTES * gemm_w, memory.GRAD_BYTES * gemm_w,
                                  memory.OPTIMIZER_BYTES * gemm_w)
-        acts, other = inflight * sums["main"], 0.0 * gemm_w
+        acts, other = pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp) * sums["main"], 0.0 * gemm_w
     else:
-        weights, grads, optim, acts, other = stage_memory(
-            s.zero, dense, sums["expert"], shards, eshards, inflight, saved, head_saved,
-            prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes)
+        weights, grads, optim, acts, other = _memory_parts(prof, i, sums, dense, saved, head_saved)
     return {"t": t, "compute": comp, "recompute": sums["rec"], "tp_comm": tp, "cp_comm": sums["cp"],
             "ep_comm": sums["ep"], "pp_comm": prof.p2p_s + 0.0 * comp, "z": z, "dp_exposed": exposed,
             "optimizer": opt, "tail": exposed + opt, "weights": weights, "grads": grads, "optim": optim,
@@ -417,14 +413,24 @@ def _stage_sums(prof: Profile, chunks, recompute_layers, keys) -> dict:
 def stage_memory_bytes(prof: Profile, i, chunks, recompute_layers=0):
     """stage_terms(...)["memory"] alone, without the time terms (for searches that only ask
     whether a stage fits)."""
-    s, E = prof.strategy, prof.ends
-    first, last = np.equal(i, 0), np.equal(i, s.pp - 1)
     sums = _stage_sums(prof, chunks, recompute_layers, ("params", "expert"))
-    dense, saved, head_saved = stage_ends(first, last, sums["params"], sums["saved"], E["emb_params"],
-                                          E["head_params"], E["emb_saved"], E["head_saved"])
-    return sum(stage_memory(s.zero, dense, sums["expert"], *state_shards(s.dp, s.cp, s.ep),
-                            pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
-                            prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes))
+    return sum(_memory_parts(prof, i, sums, *_held(prof, i, sums)))
+
+
+def _held(prof: Profile, i, sums: dict) -> tuple:
+    """stage_ends of stage i holding the layers `sums` sums up (_stage_sums)."""
+    E, last = prof.ends, prof.strategy.pp - 1
+    return stage_ends(np.equal(i, 0), np.equal(i, last), sums["params"], sums["saved"], E["emb_params"],
+                      E["head_params"], E["emb_saved"], E["head_saved"])
+
+
+def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tuple:
+    """stage_memory of stage i: its micro-batches in flight, and the rebuild buffer when it
+    recomputes a layer fully."""
+    s = prof.strategy
+    return stage_memory(s.zero, dense, sums["expert"], *state_shards(s.dp, s.cp, s.ep),
+                        pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
+                        prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes)
 
 
 def stage_ends(first, last, params, saved, emb_params, head_params, emb_saved, head_saved) -> tuple:
