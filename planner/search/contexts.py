@@ -44,11 +44,17 @@ class Context:
     last_s: float
 
 
+def _stage_time(rows: dict):
+    """A layer's stage time without the terms that need ZeRO, recompute counts or p2p: compute,
+    the base mode's recomputation and tp/cp/ep traffic (rows per kind, or their prefix sums)."""
+    return rows["comp"] + rows["rec_b"] + rows["tp"] + rows["cp"] + rows["ep"]
+
+
 def major(K: dict, model: ModelSpec) -> tuple:
     """Context.major from the per-kind rows of cost/step's layer tables."""
     counts = np.bincount(layer_kind_index(model), minlength=len(K["params"]))
     k = int(np.argmax(counts))
-    per = K["comp"] + K["rec_b"] + K["tp"] + K["cp"] + K["ep"]
+    per = _stage_time(K)
     return (float(counts[k]), float(K["params"][k]), float(K["expert"][k]), float(K["saved_b"][k]),
             float(K["saved_b"][k] - K["saved_f"][k]), float(per[k]), float(K["rec_f"][k]))
 
@@ -82,7 +88,7 @@ def context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, c
              sp: bool, mode: str, spans: tuple) -> Context:
     tab = context_tables(model, cluster, setup, tp, cp, ep, mb, sp, mode, dict(zip(("tp", "cp", "ep"), spans)))
     P, E, K, L = tab.prefix, tab.ends, tab.kinds, model.layers
-    per = P["comp"] + P["rec_b"] + P["tp"] + P["cp"] + P["ep"]
+    per = _stage_time(P)
     return Context(
         total_s=float(per[L] + E["emb_comp"] + E["emb_tp"] + E["head_comp"] + E["head_tp"]),
         comp_s=float(P["comp"][L] + E["emb_comp"] + E["head_comp"]),
