@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost import comm, memory
-from planner.cost.pipeline import even_chunks, in_flight
+from planner.cost.pipeline import in_flight
 from planner.cost.step import (
     base_mode,
     dp_grad_bytes,
@@ -290,10 +290,5 @@ def even_split_max(ctx: Table, c: np.ndarray, pp: np.ndarray, v: np.ndarray, lay
     for code, sel in zip(codes.tolist(), members):
         p, vv = divmod(code, span)
         used, back = np.unique(c[sel], return_inverse=True)
-        per = ctx.prefix("per")[used]
-        chunks, _ = even_chunks(layers, int(p), int(vv))
-        times = sum(per[:, b] - per[:, a] for a, b in chunks)
-        times[:, 0] += ctx.col("first_s")[used]
-        times[:, -1] += ctx.col("last_s")[used]
-        out[sel] = times.max(axis=1)[back]
+        out[sel] = ctx.even_stage_s(used, p, vv, layers).max(axis=1)[back]
     return out

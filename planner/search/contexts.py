@@ -9,6 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.cost.pipeline import even_chunks
 from planner.cost.step import context_tables, layer_kind_index
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
@@ -74,6 +75,17 @@ class Table:
             field = name in Context.__dataclass_fields__
             self._columns[name] = np.array([getattr(x, name) if field else x.ends[name] for x in self.ctx])
         return self._columns[name]
+
+    def even_stage_s(self, c: np.ndarray, p: int, v: int, layers: int) -> np.ndarray:
+        """(len(c), p): each stage's time under the even split of contexts c into p x v chunks,
+        without the terms that need ZeRO, recompute counts or p2p (Context.per over its
+        chunks, the embedding's on the first stage, the head's on the last)."""
+        per = self.prefix("per")[c]
+        chunks, _ = even_chunks(layers, p, v)
+        times = sum(per[:, b] - per[:, a] for a, b in chunks)
+        times[:, 0] += self.col("first_s")[c]
+        times[:, -1] += self.col("last_s")[c]
+        return times
 
     def prefix(self, name: str) -> np.ndarray:
         """(contexts, layers + 1) prefix sums: 'per', or a key of cost/step's prefix tables."""

@@ -77,12 +77,7 @@ class Refiner:
         bottleneck, sigma = self.bottleneck[idx].copy(), self.sigma[idx].copy()
         for sel, rec in self._fixed_recompute(idx):
             j, p, v = idx[sel], int(self.pp[idx[sel[0]]]), int(self.vpp[idx[sel[0]]])
-            chunks, _ = even_chunks(L, p, v)
-            total, _ = self._sums(j, [(a[None, :], b[None, :]) for a, b in chunks])
-            stage = np.arange(p)[None, :]
-            base = (total("per") + (stage == 0) * self.ctx.col("first_s")[self.c[j]][:, None]
-                    + (stage == p - 1) * self.ctx.col("last_s")[self.c[j]][:, None])
-            times = base + rec + (self.p2p[j] * v)[:, None]
+            times = self.ctx.even_stage_s(self.c[j], p, v, L) + rec + (self.p2p[j] * v)[:, None]
             bottleneck[sel] = np.maximum(bottleneck[sel], times.max(axis=1))
             sigma[sel] += np.maximum(0.0, rec.sum(axis=1) - self.rec[j])
         for p in sorted(set(pp[free].tolist())):
