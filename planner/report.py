@@ -121,7 +121,7 @@ def plan_table(plan: dict) -> None:
     if "search" in plan:
         s = plan["search"]
         err.print(f"search: {s['considered']:,} candidates, {s['pruned_memory']:,} pruned by the memory floor, "
-                  f"{s['pruned_bound']:,} by the time bound, {s['priced']:,} priced "
+                  f"{s['pruned_bound']:,} by the time bound or dominance, {s['priced']:,} priced "
                   f"({s['dp_programmes']:,} DP programmes, {s['ilp_solves']:,} ILPs); "
                   + ("proven optimal in this space" if s["proven_optimal"] else "[yellow]not proven optimal[/yellow]"))
 
@@ -213,7 +213,7 @@ def fit_table(result) -> None:
 def bench_table(doc: dict) -> None:
     t = Table(title=f"search speed in a fresh process (median; target {doc['target_s']:.0f} s per scenario)",
               title_justify="left")
-    for col in ("scenario", "GPU counts", "candidates", "pruned (memory)", "pruned (bound)", "priced", "time",
+    for col in ("scenario", "GPU counts", "candidates", "pruned (memory)", "pruned (bound, dominance)", "priced", "time",
                 "best step", "proven"):
         t.add_column(col, justify="left" if col == "scenario" else "right")
     for r in doc["scenarios"]:

@@ -260,6 +260,7 @@ def test_search_equals_brute_force(instance):
         assert result.best is None
         return
     assert result.proven_optimal
+    assert result.considered == result.pruned_memory + result.pruned_bound + result.priced  # each counted once
     assert result.best.step_time_s == pytest.approx(ranked[0], rel=TIE)
     assert [c.step_time_s for c in result.alternatives] == pytest.approx(ranked[1:4], rel=TIE)
     for knob, value in fixed.items():
@@ -370,6 +371,7 @@ def test_search_equals_brute_force_when_memory_is_tight(instance):
         assert result.best is None
         return
     assert result.proven_optimal
+    assert result.considered == result.pruned_memory + result.pruned_bound + result.priced  # each counted once
     assert result.best.step_time_s == pytest.approx(expected, rel=TIE)
 
 

@@ -148,8 +148,13 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                         vpp_sets[(pp, m)] = tuple(space.vpp_options(model, pp, m, fixed.get("vpp"), rules))
                     vpps = vpp_sets[(pp, m)]
                     vid = vpp_ids.setdefault(vpps, len(vpp_ids))
+                    if sp and tp == 1:
+                        continue  # sequence parallelism without tensor parallelism is no strategy
                     considered += len(modes) * len(vpps) * len(zeros)
-                    if duplicate or not vpps or not zeros or (sp and tp == 1):
+                    if duplicate:
+                        dominated += len(modes) * len(vpps) * len(zeros)  # the same as another order
+                        continue
+                    if not vpps or not zeros:
                         continue
                     if pp > 1:
                         inter = spans[3].nodes > 1
