@@ -78,7 +78,7 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
     except ValueError:
         raise SpecError(f"--gpus {gpus!r}: estimate prices one GPU count (plan sweeps lists and ranges)") from None
     constraints = {k: v for k, v in knobs.items() if v is not None}
-    plan = estimate_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len,
+    plan = estimate_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len,
                          precision=precision, attention=attention, runtime=runtime, constraints=constraints)
     text = dumps(plan)
     if output:
@@ -187,7 +187,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
     one_count = len(counts) == 1 and "," not in gpus and "-" not in gpus
     if top is None:
         top = 3 if one_count else 0  # a sweep answers how many GPUs: one plan per count
-    request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len or model.seq_len,
+    request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
                    precision=precision, attention=attention, runtime=runtime, constraints=constraints,
                    solver=solver, time_limit_s=time_limit_s, top=top)
     if one_count:

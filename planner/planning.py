@@ -26,26 +26,31 @@ def _notes(cluster: Cluster, fits: bool = True, need_bytes: float = 0.0, proven_
     return notes
 
 
-def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int, precision: str,
-                  attention: str, runtime: str, constraints: dict) -> dict:
-    """The plan document of exactly the strategy given (unset knobs take their defaults)."""
+def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
+           attention: str, runtime: str) -> TrainingSetup:
+    """The training setup of a request (the model's sequence length unless one is given), after
+    checking that the GPU count fills whole nodes."""
     check_gpu_count(gpus, cluster.gpus_per_node)
-    setup = TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len, precision=precision,
-                          attention=attention, runtime=runtime)
+    return TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len, precision=precision,
+                         attention=attention, runtime=runtime)
+
+
+def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None,
+                  precision: str, attention: str, runtime: str, constraints: dict) -> dict:
+    """The plan document of exactly the strategy given (unset knobs take their defaults)."""
+    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime)
     strategy = resolve_strategy(constraints, setup)
     est = estimate(model, cluster, setup, strategy)
     return build_plan(model, cluster, setup, strategy, est, constraints, {"name": "none", "time_limit_s": 0},
                       notes=_notes(cluster, est.fits, est.peak_memory_bytes))
 
 
-def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int, precision: str,
+def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
               attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
               top: int = 3, progress=None) -> dict:
     """The plan document of the best strategy (InfeasibleError when nothing fits, SpecError when
     no legal strategy satisfies the request)."""
-    check_gpu_count(gpus, cluster.gpus_per_node)
-    setup = TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len, precision=precision,
-                          attention=attention, runtime=runtime)
+    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime)
     result = search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s, top=top,
                     progress=progress)
     if result.best is None:
