@@ -166,16 +166,11 @@ class Refiner:
         The least T at which the stages hold all L layers is then the L-th least of the times
         T_i(c) at which stage i holds its c-th layer (per-layer minima of the layers in `cls`,
         the ends' memory left out: a lower bound)."""
-        L, state, saved, saving, tau, rec = cls
-        C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
+        L, tau, rec = cls.layers, cls.tau, cls.rec
         c = self.c[j]
         full = self.full[j][:, None]
-        k = in_flight(np.arange(p)[None, :], p, self.m[j][:, None], 1)
-        cost = state + k * saved
-        free_layers = C / cost
-        with np.errstate(divide="ignore", invalid="ignore"):
-            most = np.where(full & (cost > k * saving), C / (cost - k * saving), np.where(full, L, free_layers))
-            rho = np.where(full & (saving > 0), cost / (k * saving), np.inf)
+        free_layers, most, rho = self._stage_room(j, p, cls)
+        most, rho = np.where(full, np.minimum(most, L), free_layers), np.where(full, rho, np.inf)
         width = space.stage_width(self.model.layers, p)
         most = np.minimum(most, width)
 
@@ -196,6 +191,19 @@ class Refiner:
         least = np.partition(times, L - 1, axis=1)[:, L - 1]
         return least * (1 - SAFETY)
 
+    def _stage_room(self, j: np.ndarray, p: int, cls: Layers) -> tuple:
+        """Per candidate and stage i, shaped (candidates, p), for the layers of `cls` at their
+        per-layer minima: u_i = C / c_i layers fit as they are (c_i = state + k_i saved, k_i in
+        flight, C = capacity - reserve); each layer beyond needs rho_i = c_i / (k_i saving)
+        recomputed layers, up to C / (c_i - k_i saving) layers in all (infinite when recomputing
+        frees a layer's whole cost). Returns (u, that most, rho)."""
+        C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
+        k = in_flight(np.arange(p)[None, :], p, self.m[j][:, None], self.vpp[j][:, None])
+        cost = cls.state + k * cls.saved
+        with np.errstate(divide="ignore", invalid="ignore"):
+            most = np.where(cost > k * cls.saving, C / (cost - k * cls.saving), np.inf)
+            return C / cost, most, cost / (k * cls.saving)
+
     def _least_recompute(self, j: np.ndarray, p: int, cls: Layers) -> np.ndarray:
         """Least count of recomputed layers any split needs to fit, as a linear programme
         (layers and counts fractional, per-layer minima of the model): stage i holds
@@ -205,14 +213,8 @@ class Refiner:
         sum u_i go, cheapest rho first, to the stages with the most in flight (rho falls with
         k_i, which falls with i); infinite when they do not fit anywhere. Over the layers of
         `cls` at their per-layer minima."""
-        L, state, saved, saving = cls.layers, cls.state, cls.saved, cls.saving
-        C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
-        k = in_flight(np.arange(p)[None, :], p, self.m[j][:, None], self.vpp[j][:, None])
-        cost = state + k * saved
-        free_layers = C / cost
-        with np.errstate(divide="ignore", invalid="ignore"):
-            most = np.where(cost > k * saving, C / (cost - k * saving), np.inf)
-            rho = cost / (k * saving)
+        L = cls.layers
+        free_layers, most, rho = self._stage_room(j, p, cls)
         room = np.clip(most - free_layers, 0.0, L)  # no stage takes more than all the layers
         excess = L - free_layers.sum(axis=1)
         before = np.cumsum(room, axis=1) - room  # room of the stages filled earlier
