@@ -196,8 +196,6 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
     tables = context_tables(model, cluster, setup, s.tp, s.cp, s.ep, s.micro_batch, s.sequence_parallel,
                             s.recompute, spans)
     ends = tables.ends
-    if s.pp == 1:
-        ends = {**ends, "head_params": ends["head_params"] - tied_head_params(model, s.tp)}
     p2p = p2p_s(model, cluster, setup, s.tp, s.cp, s.micro_batch, s.vpp, spans["pp"].nodes > 1) if s.pp > 1 else 0.0
     return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
                    microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision),
@@ -339,7 +337,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
             "head_comp": 3 * compute.gemm_time_s(head.gemm_flops, head.gemm_intensity, peak, eff)
             + t_mem(head.elementwise_bytes),
             "head_tp": 2 * coll(head.tp_message_bytes or emb.tp_message_bytes),
-            "head_params": head.params_local, "head_saved": head.saved_bytes}
+            "head_params": head.params_local, "head_tied": tied_head_params(model, base.tp),
+            "head_saved": head.saved_bytes}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
     return LayerTables(prefix=prefix, ends=ends, kinds=kinds, transient_bytes=transient, prefetch_bytes=prefetch)
@@ -421,7 +420,7 @@ def _held(prof: Profile, i, sums: dict) -> tuple:
     """stage_ends of stage i holding the layers `sums` sums up (_stage_sums)."""
     E, last = prof.ends, prof.strategy.pp - 1
     return stage_ends(np.equal(i, 0), np.equal(i, last), sums["params"], sums["saved"], E["emb_params"],
-                      E["head_params"], E["emb_saved"], E["head_saved"])
+                      E["head_params"], E["head_tied"], E["emb_saved"], E["head_saved"])
 
 
 def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tuple:
@@ -433,11 +432,13 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
                         prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes)
 
 
-def stage_ends(first, last, params, saved, emb_params, head_params, emb_saved, head_saved) -> tuple:
+def stage_ends(first, last, params, saved, emb_params, head_params, head_tied, emb_saved, head_saved) -> tuple:
     """(dense parameters, saved bytes per micro-batch, the LM head's saved bytes) of a pipeline
     stage whose layers hold `params` and `saved`: the first stage also holds the embedding, the
-    last the LM head. Arrays broadcast."""
-    return params + first * emb_params + last * head_params, saved + first * emb_saved, last * head_saved
+    last the LM head, less `head_tied` (tied_head_params) when it is also the first, whose
+    embedding table then serves as the head. Arrays broadcast."""
+    return (params + first * emb_params + last * (head_params - first * head_tied), saved + first * emb_saved,
+            last * head_saved)
 
 
 def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,

@@ -38,7 +38,6 @@ from planner.cost.step import (
     p2p_s,
     selective_saves_memory,
     state_shards,
-    tied_head_params,
     zero_traffic_s,
 )
 from planner.placement import group_spans
@@ -160,9 +159,9 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                         inter = spans[3].nodes > 1
                         if (tp, cp, mb, inter) not in p2ps:
                             p2ps[(tp, cp, mb, inter)] = p2p_s(model, cluster, setup, tp, cp, mb, 1, inter)
-                        p2p, tied = p2ps[(tp, cp, mb, inter)], 0.0
+                        p2p = p2ps[(tp, cp, mb, inter)]
                     else:
-                        p2p, tied = 0.0, tied_head_params(model, tp)
+                        p2p = 0.0
                     for i, mode in enumerate(modes):
                         if (mode == "selective" and "none" in modes
                                 and not selective_saves_memory(model, shape, tp, cp, mb, sp)):
@@ -172,10 +171,10 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                         key = (tp, cp, ep, mb, sp, base_mode(mode), span_set)
                         mkey = (tp, cp, ep, mb, sp, mode)
                         rows.append((contexts.setdefault(key, len(contexts)), lay, pp,
-                                     *state_shards(dp, cp, ep), m, p2p, tied, mode == "full", zmask, vid,
+                                     *state_shards(dp, cp, ep), m, p2p, mode == "full", zmask, vid,
                                      memories.setdefault(mkey, len(memories)), tp, cp, dp, ep, mb, i, o, sp))
-    table = np.array(rows, dtype=float).reshape(-1, 20)
-    outer = _Outer(table[:, 12:].astype(int), tuple(modes), tuple(orders), fixed.get("dp_overlap", True))
+    table = np.array(rows, dtype=float).reshape(-1, len(_ROW))
+    outer = _Outer(table[:, _ROW.index("tp"):].astype(int), tuple(modes), tuple(orders), fixed.get("dp_overlap", True))
     layers = [layer_memory(model, shape, *k) for k in memories]
 
     span_sets = list(span_ids)
@@ -186,6 +185,11 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     return replace(_bound_rows(model, cluster, setup, rules, outer, table, list(contexts), build, layers,
                                list(layouts), list(vpp_ids), considered, fixed.get("dp_overlap", True)),
                    dominated=dominated)
+
+
+_ROW = ("context", "layout", "pp", "shards", "eshards", "m", "p2p", "full", "zeros", "vpps", "memory",
+        "tp", "cp", "dp", "ep", "mb", "mode", "order", "sp")
+"""a candidate row's columns (bound_all): the bounds read the first ones, _Outer the knobs from tp on"""
 
 
 def _mask(values, domain) -> int:
@@ -211,22 +215,24 @@ class _Outer:
 def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers, layouts, vpp_sets, considered,
                 dp_overlap) -> Bounds:
     """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring).
-    The memory floor comes first, from `layers` (cost/step.layer_memory per row's column 11);
+    The memory floor comes first, from `layers` (cost/step.layer_memory per row's 'memory');
     the layer contexts `keys` are priced (`build`) only for the candidates that pass it."""
     cap, L = cluster.gpu.memory_bytes, model.layers
     eff = cluster.efficiency
     vpp_domain = sorted({v for vpps in vpp_sets for v in vpps})
     if not len(table):
         return Bounds(outer, *(np.zeros(0, dtype=int),) * 4, *(np.zeros(0),) * 3, considered, 0, float("inf"))
-    c, lay, pp, shards, eshards, m = (table[:, k].astype(int) for k in range(6))
-    p2p, tied, full = table[:, 6], table[:, 7], table[:, 8].astype(bool)
-    zmask = (table[:, 9].astype(int)[:, None] >> np.arange(len(ZEROS))) & 1
-    vmask = np.array([[v in vpps for v in vpp_domain] for vpps in vpp_sets], dtype=bool)[table[:, 10].astype(int)]
+    def column(name: str) -> np.ndarray:
+        return table[:, _ROW.index(name)]
+
+    c, lay, pp, shards, eshards, m, mem = (column(k).astype(int) for k in ("context", "layout", "pp", "shards",
+                                                                          "eshards", "m", "memory"))
+    p2p, full = column("p2p"), column("full").astype(bool)
+    zmask = (column("zeros").astype(int)[:, None] >> np.arange(len(ZEROS))) & 1
+    vmask = np.array([[v in vpps for v in vpp_domain] for vpps in vpp_sets], dtype=bool)[column("vpps").astype(int)]
     row, zi, vi = np.nonzero(zmask.astype(bool)[:, :, None] & vmask[:, None, :])
     z, v = np.array(ZEROS)[zi], np.array(vpp_domain, dtype=float)[vi]
-    mem = table[:, 11].astype(int)
-    c, lay, pp, shards, eshards, m, p2p, tied, full, mem = (x[row] for x in (c, lay, pp, shards, eshards, m, p2p,
-                                                                             tied, full, mem))
+    c, lay, pp, shards, eshards, m, p2p, full, mem = (x[row] for x in (c, lay, pp, shards, eshards, m, p2p, full, mem))
 
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
@@ -242,13 +248,14 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     pruned = int((~fits).sum())
     least_floor = float(floor[~fits].min()) * (1 - SAFETY) if pruned else float("inf")
     keep = np.nonzero(fits)[0]
-    row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, least_state, per_dense, per_expert = (
-        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, tied, full, least_state,
+    row, z, v, c, lay, pp, shards, eshards, m, p2p, full, least_state, per_dense, per_expert = (
+        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, full, least_state,
                           per_dense, per_expert))
     floor = floor[keep]
     used, c = np.unique(c, return_inverse=True)
     ctx = build([keys[k] for k in used.tolist()])
-    dense, expert = ctx.col("dense")[c] - tied, ctx.col("expert")[c]
+    # one stage holds the whole model where pp = 1: a tied head's parameters count once (stage_ends)
+    dense, expert = ctx.col("dense")[c] - (pp == 1) * ctx.col("head_tied")[c], ctx.col("expert")[c]
 
     # the largest tail is at least the optimizer step of the stage with the most parameters
     opt = optimizer_s(z, dense / pp, expert / pp, shards, eshards, cluster)
@@ -277,7 +284,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
                       mixed_layers=width > 1, one_kind=int(layer_kind_index(model).max()) == 0, c=c, lay=lay,
                       pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards, eshards=eshards, sigma=sigma, rec=rec,
                       least_state=least_state, per_dense=per_dense, per_expert=per_expert, bottleneck=bottleneck,
-                      p2p=p2p, tied=tied, full=full, fixed=fixed)
+                      p2p=p2p, full=full, fixed=fixed)
     return Bounds(outer=outer, row=row[order], pp=pp[order], zero=z[order], vpp=v[order].astype(int),
                   floor_bytes=floor[order], bound_s=bound[order], pipe_s=pipe[order], considered=considered,
                   pruned_memory=pruned, least_floor_bytes=least_floor, refiner=refiner, order=order)

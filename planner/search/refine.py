@@ -58,7 +58,6 @@ class Refiner:
     """state bytes per dense and per expert parameter (the candidate's ZeRO stage and shards)"""
     bottleneck: np.ndarray
     p2p: np.ndarray
-    tied: np.ndarray
     full: np.ndarray
     fixed: np.ndarray
 
@@ -358,7 +357,7 @@ class Refiner:
         buffer of a recomputed layer when `rebuilt`."""
         extra = (1,) * (total("params").ndim - 1)
         dense, saved, head = stage_ends(first, last, total("params"), total(saved_key) - less_saved,
-                                        end("emb_params"), end("head_params") - self.tied[j].reshape(-1, *extra),
+                                        end("emb_params"), end("head_params"), end("head_tied"),
                                         end("emb_saved"), end("head_saved"))
         transient = self.ctx.col("transient_bytes")[self.c[j]].reshape(-1, *extra) * rebuilt
         prefetch = self.ctx.col("prefetch_bytes")[self.c[j]].reshape(-1, *extra)
@@ -439,7 +438,7 @@ class Refiner:
         stage = np.concatenate([np.full(n, i) for (i, _), n in zip(parts, sizes)])[None, :]
         total, end = self._sums(j, chunks)
         dense = stage_ends(stage == 0, stage == pp - 1, total("params"), 0.0, end("emb_params"),
-                           end("head_params") - self.tied[j][:, None], 0.0, 0.0)[0]
+                           end("head_params"), end("head_tied"), 0.0, 0.0)[0]
         rec = np.where(self.full[j][:, None], total("rec_f"), total("rec_b"))
         col = (slice(None), None)
         exposed, opt = stage_tail_s(affine(self.coef, self.lay[j]), self.zero[j][col],
