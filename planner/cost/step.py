@@ -229,11 +229,11 @@ def tied_head_params(model: ModelSpec, tp: int) -> float:
 
 
 def p2p_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp: int, micro_batch: int, vpp: int,
-          inter_node: bool) -> float:
+          inter_node: bool):
     """Pipeline send/receive time of one stage per micro-batch: the boundary activation forward
     and its gradient backward, once per virtual chunk. Megatron's scatter/gather optimisation
     (Narayanan et al. 2021 §4.1): each tp rank sends 1/tp of the activation and the receivers
-    all-gather it over NVLink."""
+    all-gather it over NVLink. tp, cp and micro_batch may be arrays."""
     if model.is_graph:
         msg = max(l.explicit[3] for l in _layers(model)) * micro_batch
     else:

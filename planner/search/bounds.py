@@ -105,86 +105,122 @@ class Bounds:
 
 def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict, rules: space.RuntimeRules,
               progress=None) -> Bounds:
-    """Bound every candidate of the space (search/space.py) that honours `fixed`."""
+    """Bound every candidate of the space (search/space.py) that honours `fixed`. The rank
+    placements are enumerated in Python (one per degrees, ep and order); their micro-batches and
+    recompute modes, and the keys the rows share (layer contexts, memory floors, p2p times), as
+    arrays."""
     g = min(cluster.gpus_per_node, setup.gpus)
-    contexts: dict = {}
-    span_ids: dict = {}
-    memories: dict = {}
-    layouts: dict = {}
-    p2ps: dict = {}
-    vpp_sets: dict = {}
-    zero_sets: dict = {}
-    rows: list = []
-    considered = dominated = 0
     modes = space.allowed(space.RECOMPUTES, fixed.get("recompute"))
     # the layer context depends on the setup's sequence, precision and attention only
     shape = replace(setup, gpus=1, global_batch=1, runtime="any")
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
-    vpp_ids: dict = {}
+    span_ids: dict = {}
+    layouts: dict = {}
+    zero_sets: dict = {}
+    placements: list = []
     for tp, cp, pp, dp in space.degree_tuples(model, cluster, setup, fixed, rules):
-        if progress and len(rows) % 256 == 0:
-            progress(0, 0, f"bounding {considered:,} candidates")
+        if progress and len(placements) % 256 == 0:
+            progress(0, 0, f"bounding {len(placements):,} placements")
         sp = fixed.get("sequence_parallel", tp > 1)
-        mbs = space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch"))
+        if sp and tp == 1:
+            continue  # sequence parallelism without tensor parallelism is no strategy
         alone = tp == pp == cp == 1
         zkey = (pp > 1, alone)
         if zkey not in zero_sets:
             zero_sets[zkey] = tuple(z for z in (rules.zero_with_pp if pp > 1 else rules.zero)
                                     if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
         zeros = zero_sets[zkey]
-        zmask = _mask(zeros, ZEROS)
         for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
             placed = set()
             for o, order in enumerate(orders):
                 spans = group_spans(order, tp, cp, dp, pp, ep, g)
                 duplicate = spans in placed  # another rank order that places every group alike
                 placed.add(spans)
-                lay = layouts.setdefault(spans[4:], len(layouts))
-                span_set = span_ids.setdefault(spans[:3], len(span_ids))
-                for mb in mbs:
-                    m = setup.global_batch // (dp * mb)
-                    if (pp, m) not in vpp_sets:
-                        vpp_sets[(pp, m)] = tuple(space.vpp_options(model, pp, m, fixed.get("vpp"), rules))
-                    vpps = vpp_sets[(pp, m)]
-                    vid = vpp_ids.setdefault(vpps, len(vpp_ids))
-                    if sp and tp == 1:
-                        continue  # sequence parallelism without tensor parallelism is no strategy
-                    considered += len(modes) * len(vpps) * len(zeros)
-                    if duplicate:
-                        dominated += len(modes) * len(vpps) * len(zeros)  # the same as another order
-                        continue
-                    if not vpps or not zeros:
-                        continue
-                    if pp > 1:
-                        inter = spans[3].nodes > 1
-                        if (tp, cp, mb, inter) not in p2ps:
-                            p2ps[(tp, cp, mb, inter)] = p2p_s(model, cluster, setup, tp, cp, mb, 1, inter)
-                        p2p = p2ps[(tp, cp, mb, inter)]
-                    else:
-                        p2p = 0.0
-                    for i, mode in enumerate(modes):
-                        if (mode == "selective" and "none" in modes
-                                and not selective_saves_memory(model, shape, tp, cp, mb, sp)):
-                            dominated += len(vpps) * len(zeros)  # the same memory as 'none', more time
-                            continue
-                        # 'full' reads the same layer context as 'none' (its base rows)
-                        key = (tp, cp, ep, mb, sp, base_mode(mode), span_set)
-                        mkey = (tp, cp, ep, mb, sp, mode)
-                        rows.append((contexts.setdefault(key, len(contexts)), lay, pp,
-                                     *state_shards(dp, cp, ep), m, p2p, mode == "full", zmask, vid,
-                                     memories.setdefault(mkey, len(memories)), tp, cp, dp, ep, mb, i, o, sp))
-    table = np.array(rows, dtype=float).reshape(-1, len(_ROW))
-    outer = _Outer(table[:, _ROW.index("tp"):].astype(int), tuple(modes), tuple(orders), fixed.get("dp_overlap", True))
-    layers = [layer_memory(model, shape, *k) for k in memories]
-
+                placements.append((tp, cp, pp, dp, ep, o, sp, _mask(zeros, ZEROS), len(zeros),
+                                   layouts.setdefault(spans[4:], len(layouts)),
+                                   span_ids.setdefault(spans[:3], len(span_ids)), spans[3].nodes > 1, duplicate))
+    rows, vpp_sets, considered, dominated = _rows(model, setup, fixed, rules, modes, shape, placements)
     span_sets = list(span_ids)
+    # 'full' reads the same layer context as 'none' (its base rows)
+    base = np.array([space.RECOMPUTES.index(base_mode(mode)) for mode in modes])[rows["mode"]]
+    keys, context_id = _keys(*(rows[k] for k in ("tp", "cp", "ep", "mb", "sp")), base, rows["span_set"])
+    memories, memory_id = _keys(*(rows[k] for k in ("tp", "cp", "ep", "mb", "sp", "mode")))
+    link = (model, cluster, setup, rows["tp"], rows["cp"], rows["mb"], 1)
+    p2p = np.where(rows["pp"] > 1, np.where(rows["inter"], p2p_s(*link, True), p2p_s(*link, False)), 0.0)
+    groups, group_id = _keys(rows["dp"], rows["cp"], rows["ep"])
+    shards, eshards = np.array([state_shards(*k) for k in groups], dtype=np.int64).reshape(-1, 2)[group_id].T
+    columns = {"context": context_id, "shards": shards, "eshards": eshards, "p2p": p2p,
+               "full": rows["mode"] == modes.index("full") if "full" in modes else np.zeros(len(p2p), dtype=bool),
+               "memory": memory_id, **rows}
+    table = np.column_stack([columns[k] for k in _ROW]).astype(float).reshape(-1, len(_ROW))
+    outer = _Outer(table[:, _ROW.index("tp"):].astype(int), tuple(modes), tuple(orders), fixed.get("dp_overlap", True))
+    layers = [layer_memory(model, shape, tp, cp, ep, mb, bool(sp), modes[mode]) for tp, cp, ep, mb, sp, mode in memories]
 
-    def build(keys):  # the layer contexts, priced only for candidates that pass the memory floor
-        return Table([context(model, cluster, shape, *k[:6], span_sets[k[6]]) for k in keys])
+    def build(used):  # the layer contexts, priced only for candidates that pass the memory floor
+        return Table([context(model, cluster, shape, tp, cp, ep, mb, bool(sp), space.RECOMPUTES[b], span_sets[s])
+                      for tp, cp, ep, mb, sp, b, s in used])
 
-    return replace(_bound_rows(model, cluster, setup, rules, outer, table, list(contexts), build, layers,
-                               list(layouts), list(vpp_ids), considered, fixed.get("dp_overlap", True)),
+    return replace(_bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
+                               list(layouts), vpp_sets, considered, fixed.get("dp_overlap", True)),
                    dominated=dominated)
+
+
+def _rows(model, setup, fixed, rules, modes, shape, placements) -> tuple[dict, list, int, int]:
+    """The candidate rows of the placements (bound_all), in the order of a loop over placements,
+    then micro-batches, then recompute modes: columns by name, with the candidates they stand
+    for (times ZeRO stages and vpps) and those dominated (a duplicate placement; selective
+    recomputation that keeps the same activations as none), and the vpp sets the rows' 'vpps'
+    index."""
+    names = ("tp", "cp", "pp", "dp", "ep", "order", "sp", "zeros", "nzeros", "layout", "span_set", "inter", "dup")
+    if not placements:
+        return {k: np.zeros(0, dtype=int) for k in (*names, "mb", "mode", "m", "vpps")}, [], 0, 0
+    block = dict(zip(names, np.array(placements, dtype=np.int64).T))
+    mb_sets = {dp: np.array(space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch")),
+                            dtype=np.int64) for dp in set(block["dp"].tolist())}
+    counts = np.array([len(mb_sets[dp]) for dp in block["dp"].tolist()]) * len(modes)
+    rows = {k: np.repeat(v, counts) for k, v in block.items()}
+    mbs = np.concatenate([mb_sets[dp] for dp in block["dp"].tolist()])
+    rows["mb"] = np.repeat(mbs, len(modes))
+    rows["mode"] = np.tile(np.arange(len(modes)), len(mbs))
+    rows["m"] = setup.global_batch // (rows["dp"] * rows["mb"])
+    # the vpps of each (pp, micro-batches)
+    pairs, pair_id = _keys(rows["pp"], rows["m"])
+    vpp_ids: dict = {}
+    per_pair = [vpp_ids.setdefault(tuple(space.vpp_options(model, pp, m, fixed.get("vpp"), rules)), len(vpp_ids))
+                for pp, m in pairs]
+    rows["vpps"] = np.array(per_pair, dtype=np.int64)[pair_id]
+    size = np.array([len(v) for v in vpp_ids])[rows["vpps"]] * rows["nzeros"]
+    considered = int(size.sum())
+    same = rows["dup"].astype(bool)
+    if "selective" in modes and "none" in modes:
+        # selective recomputation keeping the same memory as 'none' only adds time
+        sel = np.nonzero(~same & (rows["mode"] == modes.index("selective")))[0]
+        if len(sel):
+            shapes, shape_id = _keys(*(rows[k][sel] for k in ("tp", "cp", "mb", "sp")))
+            saves = np.array([selective_saves_memory(model, shape, tp, cp, mb, bool(sp)) for tp, cp, mb, sp in shapes])
+            same[sel[~saves[shape_id]]] = True
+    dominated = int(size[same].sum())
+    keep = np.nonzero(~same & (size > 0))[0]
+    return {k: v[keep] for k, v in rows.items()}, list(vpp_ids), considered, dominated
+
+
+def _keys(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
+    """The distinct tuples of `columns` over their rows, in order of first appearance, and each
+    row's index into them."""
+    if not len(columns[0]):
+        return [], np.zeros(0, dtype=int)
+    cols = np.column_stack(columns).astype(np.int64)
+    # one integer per row (mixed radix over the columns' ranges), unless that overflows
+    low, sizes = cols.min(axis=0), np.ptp(cols, axis=0) + 1
+    if float(np.prod(sizes.astype(float))) < 2.0 ** 62:
+        _, first, inverse = np.unique(np.ravel_multi_index((cols - low).T, sizes), return_index=True,
+                                      return_inverse=True)
+    else:
+        _, first, inverse = np.unique(cols, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), dtype=int)
+    rank[order] = np.arange(len(order))
+    return list(map(tuple, cols[first[order]].tolist())), rank[inverse.reshape(-1)]
 
 
 _ROW = ("context", "layout", "pp", "shards", "eshards", "m", "p2p", "full", "zeros", "vpps", "memory",
