@@ -420,3 +420,36 @@ def test_megatron_two_stage_split_is_free():
     steps = {cut: estimate(model, CLUSTER, setup, s, bounds=[(0, cut), (cut, 8)]).step_time_s for cut in range(1, 8)}
     assert min(steps, key=steps.get) != 4  # the even split is not the best here
     assert result.best.step_time_s == pytest.approx(min(steps.values()), rel=TIE)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_least_recompute_counts_are_the_least_that_fit(mixed):
+    """The relaxed split tables' least count of recomputed layers per stage and range (a
+    bisection that trusts memory to fall with the count) is the least count whose memory,
+    priced by the cost model, fits: for capacities between the extremes and exactly at priced
+    memories (where an off-by-one would show)."""
+    from planner.cost.step import profile, stage_memory_bytes
+    from planner.search.driver import _least_counts
+
+    moe = MoeSpec(experts=8, top_k=2, expert_ffn_hidden=1024, dense_layers=2) if mixed else None
+    model = ModelSpec(name="m", layers=12, hidden=1024, heads=8, ffn_hidden=4096, vocab=32000, seq_len=4096, moe=moe)
+    setup = TrainingSetup(gpus=8, global_batch=64, seq_len=4096)
+    s = Strategy(dp=2, tp=1, pp=4, cp=1, ep=2 if mixed else 1, micro_batch=2, zero=1, recompute="full",
+                 sequence_parallel=False)
+    prof = profile(model, CLUSTER, setup, s)
+    width = space.stage_width(model.layers, s.pp)
+    a = np.repeat(np.arange(model.layers), width)
+    n = np.tile(np.arange(1, width + 1), model.layers)
+    a, n = a[a + n <= model.layers], n[a + n <= model.layers]
+    i, rng = np.arange(s.pp)[:, None], [(a[None, :], (a + n)[None, :])]
+    lengths = np.broadcast_to(n, (s.pp, len(n)))
+    every = np.stack([np.broadcast_to(stage_memory_bytes(prof, i, rng, r), lengths.shape)
+                      for r in range(width + 1)], axis=-1)  # memory at every count
+    allowed = np.arange(width + 1) <= lengths[..., None]
+    exact = np.unique(every[allowed])
+    caps = [*np.quantile(exact, [0.05, 0.3, 0.5, 0.7, 0.95]), *exact[:: max(1, len(exact) // 25)]]
+    for cap in caps:
+        least, fits = _least_counts(prof, i, rng, lengths, cap)
+        ok = (every <= cap) & allowed
+        assert np.array_equal(fits, ok.any(axis=-1))
+        assert np.array_equal(least[fits], np.argmax(ok, axis=-1)[fits])
