@@ -387,11 +387,13 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
 def _stage_sums(prof: Profile, chunks, recompute_layers, keys) -> dict:
     """Sums over a stage's chunks of the prefix tables `keys`, and of the recompute time, saved
     activations (all, and Korthikanti's main terms), layers and recomputed layers when its first
-    `recompute_layers` layers recompute fully (recompute 'full')."""
+    `recompute_layers` layers recompute fully (recompute 'full'). A table that is zero throughout
+    (no experts, no context parallelism) sums to the scalar 0.0, which spares the collectives
+    priced on it their array arithmetic."""
     P, full = prof.prefix, prof.strategy.recompute == "full"
 
     def total(key, lo, hi):
-        return P[key][hi] - P[key][lo]
+        return P[key][hi] - P[key][lo] if P[key][-1] else 0.0
 
     sums = {k: 0.0 for k in (*keys, "rec", "saved", "main", "n", "n_rec")}
     left = recompute_layers if full else 0
@@ -459,10 +461,27 @@ def zero_traffic_s(coll, zero, grad_bytes: int, dense, expert):
     every micro-batch's gradients, ZeRO-3 also gathers the weights for forward and backward;
     over the dp*cp group for dense parameters and the expert data-parallel group for experts.
     coll(kind, bytes, 'dpcp' | 'edp') prices one collective; zero and the sizes may be arrays."""
-    out = coll("reduce_scatter", grad_bytes * dense, "dpcp") + coll("reduce_scatter", grad_bytes * expert, "edp")
-    gather = 2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp") + 2 * coll("all_gather", memory.WEIGHT_BYTES
-                                                                                     * expert, "edp")
-    return np.where(np.greater_equal(zero, 2), out, 0.0) + np.where(np.greater_equal(zero, 3), gather, 0.0)
+    def out():
+        return coll("reduce_scatter", grad_bytes * dense, "dpcp") + coll("reduce_scatter", grad_bytes * expert, "edp")
+
+    def gather():
+        return (2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp")
+                + 2 * coll("all_gather", memory.WEIGHT_BYTES * expert, "edp"))
+
+    return _by_zero(zero, ((2, 3), out)) + _by_zero(zero, ((3,), gather))
+
+
+def _by_zero(zero, *cases):
+    """Per ZeRO stage, the value of the first case (stages, thunk) listing it, else 0.0; zero
+    may be an array. Only the thunks of stages present are called (a scalar zero prices one)."""
+    if not np.ndim(zero):
+        return next((f() for stages, f in cases if zero in stages), 0.0)
+    out = 0.0
+    for stages, f in reversed(cases):
+        hit = np.isin(zero, stages)
+        if hit.any():
+            out = np.where(hit, f(), out)
+    return out
 
 
 def stage_tail_s(coll, zero, grad_bytes: int, dense, expert, fwd_s, bwd_s, stage, dp_overlap: bool, shards,
@@ -479,10 +498,9 @@ def stage_tail_s(coll, zero, grad_bytes: int, dense, expert, fwd_s, bwd_s, stage
     def both(kind, n_bytes):
         return coll(kind, n_bytes * dense, "dpcp") + coll(kind, n_bytes * expert, "edp")
 
-    grad = np.where(np.equal(zero, 0), both("all_reduce", grad_bytes),
-                    np.where(np.equal(zero, 1), both("reduce_scatter", grad_bytes), 0.0))
-    gather = np.where((np.greater_equal(zero, 1)) & np.less_equal(zero, 2), both("all_gather", memory.WEIGHT_BYTES),
-                      0.0)
+    grad = _by_zero(zero, ((0,), lambda: both("all_reduce", grad_bytes)),
+                    ((1,), lambda: both("reduce_scatter", grad_bytes)))
+    gather = _by_zero(zero, ((1, 2), lambda: both("all_gather", memory.WEIGHT_BYTES)))
     if dp_overlap:
         exposed = (np.maximum(0.0, grad - (eff.dp_overlap_fraction + stage) * bwd_s)
                    + np.maximum(0.0, gather - eff.dp_overlap_fraction * fwd_s))

@@ -353,42 +353,45 @@ def _candidate(prof, split, counts) -> Candidate:
 
 def _tables(prof, width: int, counts: bool = False):
     """t, tail, ok of every stage position, first layer and length (<= width), shaped
-    (pp, layers+1, width) for stages.best_split. With 'full' and `counts`, one more axis holds
-    every count r of recomputed layers (0..width; r beyond the range's length is not an option),
-    so the DP chooses the split and each stage's count together, exactly. With 'full' and no
-    `counts`, each range takes its least count that fits (the least time) and the tail of
-    recomputing all its layers (the least tail): a relaxation, whose DP step is a lower bound
-    for every count the ILP may choose afterwards (one count for every stage, the runtime's rule)."""
-    s, L = prof.strategy, prof.model.layers
-    a = np.repeat(np.arange(L + 1), width)
-    n = np.tile(np.arange(1, width + 1), L + 1)
-    keep = a + n <= L
-    a, n = a[keep], n[keep]
+    (pp, layers+1, width) for stages.best_split; priced only where some split of pp stages of
+    1..width layers can hold that range at that position (elsewhere t is inf and ok False). With
+    'full' and `counts`, one more axis holds every count r of recomputed layers (0..width; r
+    beyond the range's length is not an option), so the DP chooses the split and each stage's
+    count together, exactly. With 'full' and no `counts`, each range takes its least count that
+    fits (the least time) and the tail of recomputing all its layers (the least tail): a
+    relaxation, whose DP step is a lower bound for every count the ILP may choose afterwards
+    (one count for every stage, the runtime's rule)."""
+    s, L, p = prof.strategy, prof.model.layers, prof.strategy.pp
+    i, a, n = (x.ravel() for x in np.meshgrid(np.arange(p), np.arange(L + 1), np.arange(1, width + 1),
+                                               indexing="ij"))
+    before, after = i, p - 1 - i  # stages before and after, each holding 1..width layers
+    keep = (a >= before) & (a <= before * width) & (L - a - n >= after) & (L - a - n <= after * width)
+    i, a, n = i[keep], a[keep], n[keep]
     cap = prof.cluster.gpu.memory_bytes
     if counts and s.recompute == "full":
-        # every stage position, range and count at once: arrays of shape (pp, ranges, counts)
-        r = np.arange(width + 1)[None, None, :]
-        terms = stage_terms(prof, np.arange(s.pp)[:, None, None], [(a[None, :, None], (a + n)[None, :, None])], r)
-        size = (s.pp, len(a), width + 1)
+        # every reachable cell and count at once: arrays of shape (cells, counts)
+        r = np.arange(width + 1)[None, :]
+        terms = stage_terms(prof, i[:, None], [(a[:, None], (a + n)[:, None])], r)
+        size = (len(i), width + 1)
         times, tails = terms["t"], terms["tail"]
-        fits = (terms["memory"] <= cap) & (r <= n[None, :, None])
+        fits = (terms["memory"] <= cap) & (r <= n[:, None])
     else:
-        # every stage position and range at once: arrays of shape (pp, ranges)
-        i, rng = np.arange(s.pp)[:, None], [(a[None, :], (a + n)[None, :])]
-        size = (s.pp, len(a))
+        # every reachable cell at once
+        rng = [(a, a + n)]
+        size = (len(i),)
         if s.recompute == "full":
-            least, fits = _least_counts(prof, i, rng, np.broadcast_to(n, size), cap)
-            times, tails = stage_terms(prof, i, rng, least)["t"], stage_terms(prof, i, rng, n[None, :])["tail"]
+            least, fits = _least_counts(prof, i, rng, n, cap)
+            times, tails = stage_terms(prof, i, rng, least)["t"], stage_terms(prof, i, rng, n)["tail"]
         else:
             terms = stage_terms(prof, i, rng, 0)
             times, tails, fits = terms["t"], terms["tail"], terms["memory"] <= cap
         times, tails, fits = (np.broadcast_to(x, size)[..., None] for x in (times, tails, fits))
         size += (1,)
-    t, tail = np.full((s.pp, L + 1, width, size[-1]), np.inf), np.full((s.pp, L + 1, width, size[-1]), np.inf)
+    t, tail = np.full((p, L + 1, width, size[-1]), np.inf), np.full((p, L + 1, width, size[-1]), np.inf)
     ok = np.zeros(t.shape, dtype=bool)
-    t[:, a, n - 1] = np.broadcast_to(times, size)
-    tail[:, a, n - 1] = np.broadcast_to(tails, size)
-    ok[:, a, n - 1] = np.broadcast_to(fits, size)
+    t[i, a, n - 1] = np.broadcast_to(times, size)
+    tail[i, a, n - 1] = np.broadcast_to(tails, size)
+    ok[i, a, n - 1] = np.broadcast_to(fits, size)
     return t, tail, ok
 
 
