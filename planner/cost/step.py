@@ -186,7 +186,7 @@ class Profile:
 
 
 _PREFIX_KEYS = ("comp", "fwd", "bwd", "tp", "cp", "ep", "params", "expert", "gemm_w")
-_ROWS = (*_PREFIX_KEYS, "rec_b", "rec_f", "saved_b", "saved_f", "main_b", "main_f")
+LAYER_ROWS = (*_PREFIX_KEYS, "rec_b", "rec_f", "saved_b", "saved_f", "main_b", "main_f")
 """a layer context's rows per layer kind ('_b': its base recompute mode, '_f': full recompute)"""
 
 
@@ -320,10 +320,10 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     table = np.array([(b.fwd + b.bwd, b.fwd, b.bwd, b.tp, b.cp, b.ep, b.params, b.expert_params, b.gemm_weights,
                        b.recompute, f.recompute, b.saved, f.saved, b.saved_main, f.saved_main)
                       for b, f in zip(base_costs, full_costs)]).T
-    kinds = dict(zip(_ROWS, table))
-    sums = np.zeros((len(_ROWS), len(kind_index) + 1))
+    kinds = dict(zip(LAYER_ROWS, table))
+    sums = np.zeros((len(LAYER_ROWS), len(kind_index) + 1))
     np.cumsum(table[:, kind_index], axis=1, out=sums[:, 1:])
-    prefix = dict(zip(_ROWS, sums))
+    prefix = dict(zip(LAYER_ROWS, sums))
     emb, head = embedding_work(model, base), head_work(model, base)
 
     def t_mem(n_bytes):
@@ -478,7 +478,7 @@ def _by_zero(zero, *cases):
         return next((f() for stages, f in cases if zero in stages), 0.0)
     out = 0.0
     for stages, f in reversed(cases):
-        hit = np.isin(zero, stages)
+        hit = np.logical_or.reduce([np.equal(zero, z) for z in stages])
         if hit.any():
             out = np.where(hit, f(), out)
     return out

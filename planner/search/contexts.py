@@ -10,7 +10,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost.pipeline import even_chunks
-from planner.cost.step import context_tables, layer_kind_index
+from planner.cost.step import LAYER_ROWS, context_tables, layer_kind_index
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup
@@ -29,13 +29,11 @@ class Context:
     saving: float
     rec_cost_s: float
     """least saved bytes and largest saving of a layer without recompute, least recompute time"""
-    prefix: dict
-    """the context's prefix sums (cost/step.LayerTables)"""
+    prefix: np.ndarray
+    """the context's prefix sums, one row per PREFIX_ROWS name (cost/step.LayerTables, and per)"""
     ends: dict
     transient_bytes: float
     prefetch_bytes: float
-    per: np.ndarray
-    """prefix sums of a layer's stage time without ZeRO, recompute counts and p2p"""
     layer_s: float
     """the least stage time of one layer (per's steps)"""
     major: tuple
@@ -78,8 +76,8 @@ class Table:
 
     def even_stage_s(self, c: np.ndarray, p: int, v: int, layers: int) -> np.ndarray:
         """(len(c), p): each stage's time under the even split of contexts c into p x v chunks,
-        without the terms that need ZeRO, recompute counts or p2p (Context.per over its
-        chunks, the embedding's on the first stage, the head's on the last)."""
+        without the terms that need ZeRO, recompute counts or p2p ('per' over its chunks, the
+        embedding's on the first stage, the head's on the last)."""
         per = self.prefix("per")[c]
         chunks, _ = even_chunks(layers, p, v)
         times = sum(per[:, b] - per[:, a] for a, b in chunks)
@@ -88,11 +86,17 @@ class Table:
         return times
 
     def prefix(self, name: str) -> np.ndarray:
-        """(contexts, layers + 1) prefix sums: 'per', or a key of cost/step's prefix tables."""
-        key = ("prefix", name)
+        """(contexts, layers + 1) prefix sums of a PREFIX_ROWS name (all of them stacked at once,
+        on first use)."""
+        key = ("prefix",)  # not a column name
         if key not in self._columns:
-            self._columns[key] = np.stack([x.per if name == "per" else x.prefix[name] for x in self.ctx])
-        return self._columns[key]
+            self._columns[key] = np.stack([x.prefix for x in self.ctx])
+        return self._columns[key][:, PREFIX_ROWS.index(name)]
+
+
+PREFIX_ROWS = ("per", *LAYER_ROWS)
+"""the prefix sums a Context holds: 'per' (a layer's stage time without the terms that need
+ZeRO, recompute counts or p2p) and cost/step's layer tables"""
 
 
 @lru_cache(maxsize=16384)
@@ -106,8 +110,9 @@ def context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, c
         comp_s=float(P["comp"][L] + E["emb_comp"] + E["head_comp"]),
         dense=float(P["params"][L] + E["emb_params"] + E["head_params"]), expert=float(P["expert"][L]),
         saved_b=float(K["saved_b"].min()), saving=float((K["saved_b"] - K["saved_f"]).max()),
-        rec_cost_s=float(K["rec_f"].min()), prefix=P, ends=E, transient_bytes=tab.transient_bytes,
-        prefetch_bytes=tab.prefetch_bytes, per=per, layer_s=float(np.diff(per).min()), major=major(K, model),
+        rec_cost_s=float(K["rec_f"].min()), prefix=np.stack([per, *(P[k] for k in LAYER_ROWS)]), ends=E,
+        transient_bytes=tab.transient_bytes, prefetch_bytes=tab.prefetch_bytes, layer_s=float(np.diff(per).min()),
+        major=major(K, model),
         first_s=E["emb_comp"] + E["emb_tp"], last_s=E["head_comp"] + E["head_tp"])
 
 
