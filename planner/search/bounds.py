@@ -94,11 +94,15 @@ class Bounds:
         """Tighter bounds of candidates idx: the pipeline part (with the free split's
         integrality, Refiner.pipe_floor_s) plus the least largest tail (Refiner.floor_s), never
         below the first bound; infinite when no split of the candidate fits in memory
-        (Refiner.fits, checked only where the bound is below `cutoff`)."""
+        (Refiner.fits). What is not below `cutoff` with the pipeline part alone (nearly all
+        that the refinement prunes) needs neither the tail floor nor the memory check."""
         rows = self.order[idx]
-        tail = np.maximum(self.bound_s[idx] - self.pipe_s[idx], self.refiner.floor_s(rows) * (1 - SAFETY))
-        bound = np.maximum(self.bound_s[idx], self.refiner.pipe_floor_s(rows) + tail)
-        check = np.nonzero(bound < cutoff)[0]
+        pipe, tail = self.refiner.pipe_floor_s(rows), self.bound_s[idx] - self.pipe_s[idx]
+        bound = np.maximum(self.bound_s[idx], pipe + tail)
+        open_ = np.nonzero(bound < cutoff)[0]
+        tail = np.maximum(tail[open_], self.refiner.floor_s(rows[open_]) * (1 - SAFETY))
+        bound[open_] = np.maximum(bound[open_], pipe[open_] + tail)
+        check = open_[bound[open_] < cutoff]
         bound[check[~self.refiner.fits(rows[check])]] = np.inf
         return bound
 
