@@ -95,9 +95,12 @@ class Bounds:
         integrality, Refiner.pipe_floor_s) plus the least largest tail (Refiner.floor_s), never
         below the first bound; infinite when no split of the candidate fits in memory
         (Refiner.fits). What is not below `cutoff` with the pipeline part alone (nearly all
-        that the refinement prunes) needs neither the tail floor nor the memory check."""
+        that the refinement prunes) needs neither the tail floor nor the memory check, and what
+        its cheaper floors put there skips the memory relaxations too: those bounds are looser
+        but at or above the cutoff, where nothing is priced."""
         rows = self.order[idx]
-        pipe, tail = self.refiner.pipe_floor_s(rows), self.bound_s[idx] - self.pipe_s[idx]
+        tail = self.bound_s[idx] - self.pipe_s[idx]
+        pipe = self.refiner.pipe_floor_s(rows, cutoff - tail)
         bound = np.maximum(self.bound_s[idx], pipe + tail)
         open_ = np.nonzero(bound < cutoff)[0]
         tail = np.maximum(tail[open_], self.refiner.floor_s(rows[open_]) * (1 - SAFETY))

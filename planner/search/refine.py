@@ -61,7 +61,7 @@ class Refiner:
     full: np.ndarray
     fixed: np.ndarray
 
-    def pipe_floor_s(self, idx: np.ndarray) -> np.ndarray:
+    def pipe_floor_s(self, idx: np.ndarray, limit=np.inf) -> np.ndarray:
         """The pipeline part of the bound, tightened. Where the split is free, some stage holds
         at least n = ceil(L/p) layers, so the bottleneck is at least the least time of such a
         range at the first, the last or a middle stage (without the terms that need ZeRO or
@@ -70,7 +70,9 @@ class Refiner:
         bottleneck under memory (_least_bottleneck, and _greedy_bottleneck where layers differ),
         with the least recomputation (_least_recompute) added to the sum. Where the split is fixed
         and the mode is 'full', each stage's least recomputation that fits (_fixed_recompute)
-        adds to its time and, beyond the model-wide recompute floor, to the sum."""
+        adds to its time and, beyond the model-wide recompute floor, to the sum. The memory
+        relaxations (the costly part) are skipped where the rest already reaches `limit` (per
+        candidate: what the caller prunes at)."""
         L = self.model.layers
         pp, free = self.pp[idx], ~self.fixed[idx]
         bottleneck, sigma = self.bottleneck[idx].copy(), self.sigma[idx].copy()
@@ -93,6 +95,7 @@ class Refiner:
             ends = np.maximum(per[:, 1] + self.ctx.col("first_s")[used],
                               per[:, L] - per[:, L - 1] + self.ctx.col("last_s")[used])
             bottleneck[sel] = np.maximum(bottleneck[sel], np.maximum(least, ends)[back] + self.p2p[j])
+        free &= pipeline_floor_s(bottleneck, sigma, self.m[idx], self.vpp[idx]) < limit
         for p in sorted(set(pp[free].tolist()) - {1}):
             sel = np.nonzero(free & (pp == p))[0]
             least = np.max([self._least_bottleneck(idx[sel], p, cls) for cls in self._classes(idx[sel])], axis=0)
