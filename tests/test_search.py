@@ -129,6 +129,27 @@ def test_split_dp_with_options_matches_brute_force(p, layers, m, options, monoto
     assert _split_step(t, tail, ok, cells, m) == pytest.approx(best, rel=1e-12)
 
 
+def test_split_dp_stopped_by_its_limit_says_so(monkeypatch):
+    """A walk the iteration limit stops is not proof that nothing beats the cutoff: the DP
+    then returns its best split with exhaustive False (so the plan says it is not proven
+    optimal) instead of None."""
+    rng = np.random.default_rng(7)
+    p, layers, m = 3, 9, 8
+    t = np.full((p, layers + 1, layers), np.inf)
+    tail = rng.uniform(0, 2, size=t.shape)
+    ok = np.ones(t.shape, dtype=bool)
+    for i, a, n in itertools.product(range(p), range(layers + 1), range(1, layers + 1)):
+        if a + n <= layers:
+            t[i, a, n - 1] = n * rng.uniform(0.5, 1.5)
+    best = _brute_best_split(t, tail, ok, m)
+    walked = stages.best_split(t, tail, ok, m)
+    assert walked.exhaustive and walked.programmes > 2  # the full walk needs more than the limit below
+    assert stages.best_split(t, tail, ok, m, cutoff=best) is None  # proven: nothing below the optimum
+    monkeypatch.setattr(stages, "MAX_PROGRAMMES", 2)
+    stopped = stages.best_split(t, tail, ok, m, cutoff=best)
+    assert stopped is not None and not stopped.exhaustive
+
+
 # --- the recompute ILP against every count vector ------------------------------------------
 
 def _objective(options, chosen, m, v):

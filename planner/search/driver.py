@@ -323,7 +323,7 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
                 if joint is not None:
                     stats["programmes"] += joint.programmes
                     stats["optimal"] &= joint.exhaustive
-                    cand = _candidate(prof, joint.bounds, joint.options)
+                    cand = min(cand, _candidate(prof, joint.bounds, joint.options), key=lambda c: c.step_time_s)
             else:
                 stats["relaxed_s"] = found.step_s  # the caller compares it with the best plan
     return cand, stats

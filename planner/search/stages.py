@@ -160,7 +160,8 @@ class _Options:
 
 def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: int,
                cutoff: float = INF) -> Split | None:
-    """Exact best contiguous split (None when no split fits, or none can beat `cutoff`).
+    """Exact best contiguous split (None when no split fits, or none can beat `cutoff`; when
+    the iteration limit stops the walk first, the best split found, with exhaustive False).
     Tables are (p, L+1, N), or (p, L+1, N, R) with R options per stage and range (how many of
     its layers recompute, say): under thresholds (T, U) each range takes its least t among the
     options with t <= T and tail <= U, so the walk below is exact over splits and options
@@ -246,7 +247,7 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
         t_next = below(t_values, t_max)
         if t_next is not None and microbatches > 1:
             stack.append((t_next, U))
-    if best_step >= cutoff:
+    if best_step >= cutoff and exhaustive:
         return None
     return Split(bounds=tuple(best_bounds), step_s=float(best_step), programmes=solved, exhaustive=exhaustive,
                  options=best_options)
