@@ -474,3 +474,21 @@ def test_least_recompute_counts_are_the_least_that_fit(mixed):
         ok = (every <= cap) & allowed
         assert np.array_equal(fits, ok.any(axis=-1))
         assert np.array_equal(least[fits], np.argmax(ok, axis=-1)[fits])
+
+
+@pytest.mark.parametrize("layers_recomputed", [1, 2])
+def test_a_fixed_recompute_count_is_honoured_on_free_splits(layers_recomputed):
+    """--recompute-layers fixes every stage's count (at most its layers): the split DP must
+    price that count, not choose its own (with memory tight, a free choice would differ), and
+    the plan is the best split under it."""
+    model = ModelSpec(name="m", layers=8, hidden=1024, heads=8, ffn_hidden=4096, vocab=32000, seq_len=4096)
+    cluster = _tight_cluster(3.2)
+    setup = TrainingSetup(gpus=3, global_batch=24, seq_len=4096)
+    fixed = {"tp": 1, "cp": 1, "pp": 3, "vpp": 1, "micro_batch": 1, "zero": 1, "recompute": "full",
+             "recompute_layers": layers_recomputed, "order": "tp-cp-ep-dp-pp"}
+    result = search(model, cluster, setup, fixed, top=0)
+    s = result.best.strategy
+    est = result.best.estimate(model, cluster, setup)
+    assert [st.recompute_layers for st in est.stages] == [min(layers_recomputed, st.layers) for st in est.stages]
+    steps = [e.step_time_s for e in (estimate(model, cluster, setup, s, bounds=b) for b in _splits(8, 3, 1)) if e.fits]
+    assert result.best.step_time_s == pytest.approx(min(steps), rel=TIE)

@@ -313,7 +313,7 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     if found is None:  # nothing fits or beats the cutoff: the even split says by how much
         return plain or _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats), stats
     cand = _with_counts(prof, found.bounds, rules, cap, solver, time_limit_s, best_s, stats)
-    if s.recompute == "full":
+    if s.recompute == "full" and s.recompute_layers is None:
         # the split was chosen on relaxed tables (each range at its least time and least tail), so
         # another split may do better once the counts are chosen exactly
         if cand.step_time_s > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
@@ -360,15 +360,17 @@ def _tables(prof, width: int, counts: bool = False):
     count together, exactly. With 'full' and no `counts`, each range takes its least count that
     fits (the least time) and the tail of recomputing all its layers (the least tail): a
     relaxation, whose DP step is a lower bound for every count the ILP may choose afterwards
-    (one count for every stage, the runtime's rule)."""
+    (one count for every stage, the runtime's rule). A count the strategy fixes
+    (recompute_layers, at most the range's length) is no choice: the tables are then exact."""
     s, L, p = prof.strategy, prof.model.layers, prof.strategy.pp
+    free_counts = s.recompute == "full" and s.recompute_layers is None
     i, a, n = (x.ravel() for x in np.meshgrid(np.arange(p), np.arange(L + 1), np.arange(1, width + 1),
                                                indexing="ij"))
     before, after = i, p - 1 - i  # stages before and after, each holding 1..width layers
     keep = (a >= before) & (a <= before * width) & (L - a - n >= after) & (L - a - n <= after * width)
     i, a, n = i[keep], a[keep], n[keep]
     cap = prof.cluster.gpu.memory_bytes
-    if counts and s.recompute == "full":
+    if counts and free_counts:
         # every reachable cell and count at once: arrays of shape (cells, counts)
         r = np.arange(width + 1)[None, :]
         terms = stage_terms(prof, i[:, None], [(a[:, None], (a + n)[:, None])], r)
@@ -379,11 +381,12 @@ def _tables(prof, width: int, counts: bool = False):
         # every reachable cell at once
         rng = [(a, a + n)]
         size = (len(i),)
-        if s.recompute == "full":
+        if free_counts:
             least, fits = _least_counts(prof, i, rng, n, cap)
             times, tails = stage_terms(prof, i, rng, least)["t"], stage_terms(prof, i, rng, n)["tail"]
         else:
-            terms = stage_terms(prof, i, rng, 0)
+            fixed = 0 if s.recompute_layers is None else np.minimum(s.recompute_layers, n)
+            terms = stage_terms(prof, i, rng, fixed)
             times, tails, fits = terms["t"], terms["tail"], terms["memory"] <= cap
         times, tails, fits = (np.broadcast_to(x, size)[..., None] for x in (times, tails, fits))
         size += (1,)
