@@ -492,3 +492,40 @@ def test_a_fixed_recompute_count_is_honoured_on_free_splits(layers_recomputed):
     assert [st.recompute_layers for st in est.stages] == [min(layers_recomputed, st.layers) for st in est.stages]
     steps = [e.step_time_s for e in (estimate(model, cluster, setup, s, bounds=b) for b in _splits(8, 3, 1)) if e.fits]
     assert result.best.step_time_s == pytest.approx(min(steps), rel=TIE)
+
+
+@st.composite
+def constrained(draw):
+    """A small model and a random subset of the strategy flags of `plan` as constraints."""
+    model = ModelSpec(name="m", layers=draw(st.sampled_from([4, 6, 8])), hidden=512, heads=8, ffn_hidden=2048,
+                      vocab=32000, seq_len=2048)
+    setup = TrainingSetup(gpus=draw(st.sampled_from([4, 8])), global_batch=32, seq_len=2048,
+                          runtime=draw(st.sampled_from(["any", "megatron", "deepspeed", "torchtitan"])))
+    choices = {"tp": [1, 2], "pp": [1, 2, 4], "cp": [1, 2], "micro_batch": [1, 2], "zero": [0, 1, 2, 3],
+               "recompute": ["none", "selective", "full"], "vpp": [1, 2], "order": ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"],
+               "sequence_parallel": [False, True], "dp_overlap": [False, True]}
+    fixed = {k: draw(st.sampled_from(v)) for k, v in choices.items() if draw(st.booleans())}
+    if draw(st.booleans()):  # with a pipeline, where the split DP must keep the count
+        fixed.update(recompute="full", recompute_layers=draw(st.sampled_from([1, 2])), pp=draw(st.sampled_from([2, 4])))
+    return model, setup, fixed
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(constrained())
+def test_every_constraint_is_honoured_by_the_plan_and_its_runners_up(instance):
+    """Every strategy flag is a constraint on the best plan and on every runner-up, down to each
+    stage's count of recomputed layers (--recompute-layers: min(K, the stage's layers))."""
+    from planner.errors import PlannerError
+
+    model, setup, fixed = instance
+    try:
+        result = search(model, CLUSTER, setup, fixed, top=12)
+    except PlannerError:
+        return
+    for cand in filter(None, (result.best, *result.alternatives)):
+        s = cand.strategy
+        for knob, value in fixed.items():
+            assert getattr(s, knob) == value, (knob, s)
+        if "recompute_layers" in fixed:
+            for stage in cand.estimate(model, CLUSTER, setup).stages:
+                assert stage.recompute_layers == min(fixed["recompute_layers"], stage.layers)
