@@ -300,9 +300,15 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     found = plain = None
     if free_split:
         # the even split is one of the splits: where it fits, its step caps the DP's window (a DP
-        # that finds nothing below it leaves the even split the best). Under 'full' its counts
-        # would take an ILP of their own, which costs more than the narrower window saves.
-        plain = None if s.recompute == "full" else _candidate(prof, even, None)
+        # that finds nothing below it leaves the even split the best). Under 'full' (counts not
+        # fixed) its best counts would take an ILP, which costs more than the narrower window
+        # saves once a plan bounds the window; before, the even split with no layer recomputed or
+        # all of them, whichever fits and is faster, caps it.
+        if s.recompute != "full" or s.recompute_layers is not None:
+            plain = _candidate(prof, even, None)
+        elif best_s == float("inf"):
+            plain = min((c for c in (_candidate(prof, even, (0,) * s.pp), _candidate(prof, even, None)) if c.fits),
+                        key=lambda c: c.step_time_s, default=None)
         cutoff = min(best_s, plain.step_time_s) if plain is not None and plain.fits else best_s
         found = _dp_split(prof, cutoff)
         if found is not None:
@@ -319,13 +325,15 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
         if cand.step_time_s > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
             if free_split and not rules.uniform_recompute:
                 # choose the split and each stage's count together: the DP over counts is exact
-                joint = _dp_split(prof, min(best_s, cand.step_time_s), counts=True)
+                joint = _dp_split(prof, min(cutoff, cand.step_time_s), counts=True)
                 if joint is not None:
                     stats["programmes"] += joint.programmes
                     stats["optimal"] &= joint.exhaustive
                     cand = min(cand, _candidate(prof, joint.bounds, joint.options), key=lambda c: c.step_time_s)
             else:
                 stats["relaxed_s"] = found.step_s  # the caller compares it with the best plan
+        if plain is not None and plain.step_time_s < cand.step_time_s:
+            cand = plain  # the window's cap: no split and counts below it were found
     return cand, stats
 
 
