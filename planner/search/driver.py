@@ -378,24 +378,20 @@ def _tables(prof, width: int, counts: bool = False):
     keep = (a >= before) & (a <= before * width) & (L - a - n >= after) & (L - a - n <= after * width)
     i, a, n = i[keep], a[keep], n[keep]
     cap = prof.cluster.gpu.memory_bytes
-    if counts and free_counts:
-        # every reachable cell and count at once: arrays of shape (cells, counts)
-        r = np.arange(width + 1)[None, :]
-        terms = stage_terms(prof, i[:, None], [(a[:, None], (a + n)[:, None])], r)
-        size = (len(i), width + 1)
-        times, tails = terms["t"], terms["tail"]
-        fits = (terms["memory"] <= cap) & (r <= n[:, None])
+    rng = [(a, a + n)]
+    size = (len(i),)
+    if free_counts:
+        least, fits = _least_counts(prof, i, rng, n, cap)
+        at_least = stage_terms(prof, i, rng, least)
+        times, tails = at_least["t"], stage_terms(prof, i, rng, n)["tail"]
+        if counts:
+            times, tails, fits = _count_options(prof, i, a, n, width, least, at_least, fits, tails)
+            size += (width + 1,)
     else:
-        # every reachable cell at once
-        rng = [(a, a + n)]
-        size = (len(i),)
-        if free_counts:
-            least, fits = _least_counts(prof, i, rng, n, cap)
-            times, tails = stage_terms(prof, i, rng, least)["t"], stage_terms(prof, i, rng, n)["tail"]
-        else:
-            fixed = 0 if s.recompute_layers is None else np.minimum(s.recompute_layers, n)
-            terms = stage_terms(prof, i, rng, fixed)
-            times, tails, fits = terms["t"], terms["tail"], terms["memory"] <= cap
+        fixed = 0 if s.recompute_layers is None else np.minimum(s.recompute_layers, n)
+        terms = stage_terms(prof, i, rng, fixed)
+        times, tails, fits = terms["t"], terms["tail"], terms["memory"] <= cap
+    if len(size) == 1:
         times, tails, fits = (np.broadcast_to(x, size)[..., None] for x in (times, tails, fits))
         size += (1,)
     t, tail = np.full((p, L + 1, width, size[-1]), np.inf), np.full((p, L + 1, width, size[-1]), np.inf)
@@ -404,6 +400,26 @@ def _tables(prof, width: int, counts: bool = False):
     tail[i, a, n - 1] = np.broadcast_to(tails, size)
     ok[i, a, n - 1] = np.broadcast_to(fits, size)
     return t, tail, ok
+
+
+def _count_options(prof, i, a, n, width, least, at_least, fits, least_tail):
+    """The counts axis of the joint tables (_tables), shaped (cells, width + 1): a range whose
+    tail at its least fitting count is already its least tail (all layers recomputed) has no
+    better count, since time only grows with the count and the tail only falls, so it keeps
+    that one option; the others get every count that fits."""
+    cap = prof.cluster.gpu.memory_bytes
+    rows = np.arange(len(i))
+    times, tails = np.full((len(i), width + 1), np.inf), np.full((len(i), width + 1), np.inf)
+    ok = np.zeros(times.shape, dtype=bool)
+    times[rows, least], tails[rows, least], ok[rows, least] = at_least["t"], at_least["tail"], fits
+    vary = np.nonzero(fits & (np.broadcast_to(at_least["tail"], fits.shape) > least_tail))[0]
+    if len(vary):
+        r = np.arange(width + 1)[None, :]
+        terms = stage_terms(prof, i[vary, None], [(a[vary, None], (a + n)[vary, None])], r)
+        ok[vary] = (terms["memory"] <= cap) & (r <= n[vary, None])
+        times[vary] = np.broadcast_to(terms["t"], ok[vary].shape)
+        tails[vary] = np.broadcast_to(terms["tail"], ok[vary].shape)
+    return times, tails, ok
 
 
 def _least_counts(prof, i, rng, n, cap):
