@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from planner.cost import comm, pipeline
@@ -61,6 +62,18 @@ def test_collective_latency_term():
     cluster = load_cluster("dgx-h100")
     t = comm.collective_time_s("all_reduce", 1.0, Span(8, 8, 1), cluster)
     assert t == pytest.approx(14 * cluster.intra_node.latency_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("messages", [8 * GIB, np.array([0.0, GIB, 8 * GIB])])
+def test_all_to_all_with_one_rank_a_node_on_a_mesh(messages):
+    """An expert group with one rank on each node of a mesh (mi300x-8: a link per peer, so one
+    rank's share of it is none) moves everything over the NICs: (n-1)/n of the message on each
+    GPU's own NIC, no NVLink part (it used to divide by that zero share)."""
+    cluster = load_cluster("mi300x-8")
+    t = comm.collective_time_s("all_to_all", messages, Span(2, 1, 2), cluster)
+    nic = cluster.inter_node.Bps * cluster.efficiency.inter_link_fraction
+    expected = (messages / 2 / nic + cluster.inter_node.latency_s) * (np.asarray(messages) > 0)
+    assert np.allclose(t, expected, rtol=1e-12)
 
 
 def test_hierarchical_all_reduce_spanning_nodes():

@@ -55,9 +55,9 @@ def collective_time_s(kind: str, message_bytes, span: Span, cluster: Cluster):
         inter_bw, inter_lat = _tier_bandwidth(cluster, False, span.per_node)
         if kind == "all_to_all":
             off_node = (span.size - span.per_node) / span.size
-            on_node = (span.per_node - 1) / span.size
-            t = (on_node * message_bytes / intra_bw + off_node * message_bytes / inter_bw
-                 + (span.size - 1) * inter_lat)
+            on_node = (span.per_node - 1) / span.size  # none with one rank a node (no NVLink share then)
+            local = on_node * message_bytes / intra_bw if on_node else 0.0
+            t = local + off_node * message_bytes / inter_bw + (span.size - 1) * inter_lat
         else:
             local = _ring(kind, message_bytes, span.per_node, intra_bw, intra_lat)
             t = local + _ring(kind, message_bytes / span.per_node, span.nodes, inter_bw, inter_lat)
