@@ -150,6 +150,19 @@ def test_split_dp_stopped_by_its_limit_says_so(monkeypatch):
     assert stopped is not None and not stopped.exhaustive
 
 
+def test_a_search_cut_short_by_the_dp_limit_keeps_the_even_split_and_says_so(monkeypatch):
+    """When the split DP's walk is cut short, the plan is the best split it found or the even
+    split priced before it, whichever is faster, and it is not called proven optimal."""
+    model = ModelSpec(name="m", layers=16, hidden=2048, heads=16, ffn_hidden=8192, vocab=32000, seq_len=4096)
+    setup = TrainingSetup(gpus=4, global_batch=32, seq_len=4096)
+    fixed = {"pp": 4, "tp": 1, "cp": 1, "recompute": "none", "micro_batch": 1, "zero": 1, "vpp": 1}
+    monkeypatch.setattr(stages, "MAX_PROGRAMMES", 1)
+    result = search(model, CLUSTER, setup, fixed, top=0)
+    even = estimate(model, CLUSTER, setup, result.best.strategy)
+    assert not result.proven_optimal
+    assert result.best.step_time_s <= even.step_time_s
+
+
 # --- the recompute ILP against every count vector ------------------------------------------
 
 def _objective(options, chosen, m, v):
@@ -522,6 +535,7 @@ def test_every_constraint_is_honoured_by_the_plan_and_its_runners_up(instance):
         result = search(model, CLUSTER, setup, fixed, top=12)
     except PlannerError:
         return
+    assert result.considered == result.pruned_memory + result.pruned_bound + result.priced  # each counted once
     for cand in filter(None, (result.best, *result.alternatives)):
         s = cand.strategy
         for knob, value in fixed.items():

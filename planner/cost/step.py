@@ -388,8 +388,9 @@ def _stage_sums(prof: Profile, chunks, recompute_layers, keys) -> dict:
     """Sums over a stage's chunks of the prefix tables `keys`, and of the recompute time, saved
     activations (all, and Korthikanti's main terms), layers and recomputed layers when its first
     `recompute_layers` layers recompute fully (recompute 'full'). A table that is zero throughout
-    (no experts, no context parallelism) sums to the scalar 0.0, which spares the collectives
-    priced on it their array arithmetic."""
+    (no experts, no context parallelism; its rows are times and sizes, never negative, so a
+    zero total says so) sums to the scalar 0.0, which spares the collectives priced on it their
+    array arithmetic."""
     P, full = prof.prefix, prof.strategy.recompute == "full"
 
     def total(key, lo, hi):

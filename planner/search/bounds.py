@@ -24,6 +24,7 @@ dropped before it is priced.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -117,7 +118,8 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     recompute modes, and the keys the rows share (layer contexts, memory floors, p2p times), as
     arrays."""
     g = min(cluster.gpus_per_node, setup.gpus)
-    modes = space.allowed(space.RECOMPUTES, fixed.get("recompute"))
+    # a count of recomputed layers is a knob of 'full' only
+    modes = space.allowed(space.RECOMPUTES, fixed.get("recompute", "full" if "recompute_layers" in fixed else None))
     # the layer context depends on the setup's sequence, precision and attention only
     shape = replace(setup, gpus=1, global_batch=1, runtime="any")
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
@@ -143,9 +145,10 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                 spans = group_spans(order, tp, cp, dp, pp, ep, g)
                 duplicate = spans in placed  # another rank order that places every group alike
                 placed.add(spans)
-                placements.append((tp, cp, pp, dp, ep, o, sp, _mask(zeros, ZEROS), len(zeros),
-                                   layouts.setdefault(spans[4:], len(layouts)),
-                                   span_ids.setdefault(spans[:3], len(span_ids)), spans[3].nodes > 1, duplicate))
+                placements.append(_Placement(tp, cp, pp, dp, ep, o, sp, _mask(zeros, ZEROS), len(zeros),
+                                             layouts.setdefault(spans[4:], len(layouts)),
+                                             span_ids.setdefault(spans[:3], len(span_ids)), spans[3].nodes > 1,
+                                             duplicate))
     rows, vpp_sets, considered, dominated = _rows(model, setup, fixed, rules, modes, shape, placements)
     span_sets = list(span_ids)
     # 'full' reads the same layer context as 'none' (its base rows)
@@ -161,7 +164,8 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                "memory": memory_id, **rows}
     table = np.column_stack([columns[k] for k in _ROW]).astype(float).reshape(-1, len(_ROW))
     outer = _Outer(table[:, _ROW.index("tp"):].astype(int), tuple(modes), tuple(orders), fixed.get("dp_overlap", True))
-    layers = [layer_memory(model, shape, tp, cp, ep, mb, bool(sp), modes[mode]) for tp, cp, ep, mb, sp, mode in memories]
+    layers = [layer_memory(model, shape, tp, cp, ep, mb, bool(sp), modes[mode])
+              for tp, cp, ep, mb, sp, mode in memories]
 
     def build(used):  # the layer contexts, priced only for candidates that pass the memory floor
         return Table([context(model, cluster, shape, tp, cp, ep, mb, bool(sp), space.RECOMPUTES[b], span_sets[s])
@@ -172,16 +176,38 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                    dominated=dominated)
 
 
+class _Placement(NamedTuple):
+    """One rank placement of bound_all (degrees, ep, rank order): what its candidate rows share."""
+
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    ep: int
+    order: int
+    sp: bool
+    zeros: int
+    """mask of the ZeRO stages allowed (a bit per ZEROS entry)"""
+    nzeros: int
+    layout: int
+    """index of its (edp, dpcp) group spans"""
+    span_set: int
+    """index of its (tp, cp, ep) group spans"""
+    inter: bool
+    """whether its pipeline groups cross nodes"""
+    dup: bool
+    """whether another rank order places every group alike"""
+
+
 def _rows(model, setup, fixed, rules, modes, shape, placements) -> tuple[dict, list, int, int]:
     """The candidate rows of the placements (bound_all), in the order of a loop over placements,
     then micro-batches, then recompute modes: columns by name, with the candidates they stand
     for (times ZeRO stages and vpps) and those dominated (a duplicate placement; selective
     recomputation that keeps the same activations as none), and the vpp sets the rows' 'vpps'
     index."""
-    names = ("tp", "cp", "pp", "dp", "ep", "order", "sp", "zeros", "nzeros", "layout", "span_set", "inter", "dup")
     if not placements:
-        return {k: np.zeros(0, dtype=int) for k in (*names, "mb", "mode", "m", "vpps")}, [], 0, 0
-    block = dict(zip(names, np.array(placements, dtype=np.int64).T))
+        return {k: np.zeros(0, dtype=int) for k in (*_Placement._fields, "mb", "mode", "m", "vpps")}, [], 0, 0
+    block = dict(zip(_Placement._fields, np.array(placements, dtype=np.int64).T))
     mb_sets = {dp: np.array(space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch")),
                             dtype=np.int64) for dp in set(block["dp"].tolist())}
     counts = np.array([len(mb_sets[dp]) for dp in block["dp"].tolist()]) * len(modes)

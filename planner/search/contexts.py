@@ -35,7 +35,7 @@ class Context:
     transient_bytes: float
     prefetch_bytes: float
     layer_s: float
-    """the least stage time of one layer (per's steps)"""
+    """the least stage time of one layer (the steps of prefix row 'per')"""
     major: tuple
     """the most numerous layer kind: (count, dense params, expert params, saved bytes, saving,
     stage time, full recompute time) of one such layer"""
@@ -62,10 +62,10 @@ class Table:
     """The layer contexts of one search as columns (a scalar per context, or its prefix sums
     as a matrix), each built once, on first use."""
 
-    __slots__ = ("ctx", "_columns")
+    __slots__ = ("ctx", "_columns", "_prefix")
 
     def __init__(self, ctx: list):
-        self.ctx, self._columns = ctx, {}
+        self.ctx, self._columns, self._prefix = ctx, {}, None
 
     def col(self, name: str) -> np.ndarray:
         """A Context field, or an entry of its `ends`, per context."""
@@ -88,10 +88,9 @@ class Table:
     def prefix(self, name: str) -> np.ndarray:
         """(contexts, layers + 1) prefix sums of a PREFIX_ROWS name (all of them stacked at once,
         on first use)."""
-        key = ("prefix",)  # not a column name
-        if key not in self._columns:
-            self._columns[key] = np.stack([x.prefix for x in self.ctx])
-        return self._columns[key][:, PREFIX_ROWS.index(name)]
+        if self._prefix is None:
+            self._prefix = np.stack([x.prefix for x in self.ctx])
+        return self._prefix[:, PREFIX_ROWS.index(name)]
 
 
 PREFIX_ROWS = ("per", *LAYER_ROWS)

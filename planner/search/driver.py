@@ -189,7 +189,8 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
         optimal = False  # a 'full' candidate's other splits were not all priced and might win
     return SearchResult(best=best, alternatives=ranked.alternatives, closest=closest,
                         considered=found_bounds.considered,
-                        pruned_memory=found_bounds.pruned_memory + pruned_memory_late, pruned_bound=pruned_bound, priced=priced,
+                        pruned_memory=found_bounds.pruned_memory + pruned_memory_late, pruned_bound=pruned_bound,
+                        priced=priced,
                         programmes=programmes, ilp_solves=ilp_solves, proven_optimal=optimal,
                         elapsed_s=time.perf_counter() - start,
                         memory_floor_bytes=(found_bounds.least_floor_bytes
@@ -291,13 +292,16 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     layers each stage recomputes by the ILP; when that lands above the relaxed DP's step and the
     relaxation could still beat `best_s` (the best step so far), the DP over splits and counts
     together settles it exactly (one count for every stage, as a runtime may require, has no
-    such DP: the caller is told, and the search says it is not proven optimal)."""
+    such DP: the caller is told, and the search says it is not proven optimal). The even split,
+    priced first where it caps the DP's window (under 'full' before any plan is found, with no
+    layer recomputed or all of them), stands where nothing below it is found."""
     stats = {"programmes": 0, "ilp": 0, "optimal": True, "relaxed_s": None}
     s = prof.strategy
     cap = prof.cluster.gpu.memory_bytes
     even = tuple(split_layers(prof.model.layers, s.pp, s.vpp))
     free_split = rules.free_split(s.pp, s.vpp)
     found = plain = None
+    cutoff = best_s
     if free_split:
         # the even split is one of the splits: where it fits, its step caps the DP's window (a DP
         # that finds nothing below it leaves the even split the best). Under 'full' (counts not
@@ -332,8 +336,8 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
                     cand = min(cand, _candidate(prof, joint.bounds, joint.options), key=lambda c: c.step_time_s)
             else:
                 stats["relaxed_s"] = found.step_s  # the caller compares it with the best plan
-        if plain is not None and plain.step_time_s < cand.step_time_s:
-            cand = plain  # the window's cap: no split and counts below it were found
+    if plain is not None and plain.fits and plain.step_time_s < cand.step_time_s:
+        cand = plain  # the window's cap: nothing below it was found (or the DP's walk was cut short)
     return cand, stats
 
 
@@ -405,8 +409,9 @@ def _tables(prof, width: int, counts: bool = False):
 def _count_options(prof, i, a, n, width, least, at_least, fits, least_tail):
     """The counts axis of the joint tables (_tables), shaped (cells, width + 1): a range whose
     tail at its least fitting count is already its least tail (all layers recomputed) has no
-    better count, since time only grows with the count and the tail only falls, so it keeps
-    that one option; the others get every count that fits."""
+    better count, since time only grows with the count and the tail only falls (the rule
+    _recompute drops counts by), so it keeps that one option; the others get every count that
+    fits."""
     cap = prof.cluster.gpu.memory_bytes
     rows = np.arange(len(i))
     times, tails = np.full((len(i), width + 1), np.inf), np.full((len(i), width + 1), np.inf)
