@@ -367,9 +367,9 @@ def _tables(prof, width: int, counts: bool = False):
     """t, tail, ok of every stage position, first layer and length (<= width), shaped
     (pp, layers+1, width) for stages.best_split; priced only where some split of pp stages of
     1..width layers can hold that range at that position (elsewhere t is inf and ok False). With
-    'full' and `counts`, one more axis holds every count r of recomputed layers (0..width; r
-    beyond the range's length is not an option), so the DP chooses the split and each stage's
-    count together, exactly. With 'full' and no `counts`, each range takes its least count that
+    'full' and `counts`, one more axis holds the counts r of recomputed layers (0..width) worth
+    choosing (_count_options), so the DP chooses the split and each stage's count together,
+    exactly. With 'full' and no `counts`, each range takes its least count that
     fits (the least time) and the tail of recomputing all its layers (the least tail): a
     relaxation, whose DP step is a lower bound for every count the ILP may choose afterwards
     (one count for every stage, the runtime's rule). A count the strategy fixes
