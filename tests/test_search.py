@@ -543,3 +543,22 @@ def test_every_constraint_is_honoured_by_the_plan_and_its_runners_up(instance):
         if "recompute_layers" in fixed:
             for stage in cand.estimate(model, CLUSTER, setup).stages:
                 assert stage.recompute_layers == min(fixed["recompute_layers"], stage.layers)
+
+
+def test_full_recompute_of_no_layer_is_listed_as_none():
+    """'full' with a count of 0 on every stage is the 'none' plan (the same prices and memory):
+    neither the plan nor a runner-up is such a twin (llama3-8b on 64 A100-40G listed two)."""
+    from planner.spec.model import load_model
+
+    model = load_model("llama3-8b")
+    cluster = load_cluster("dgx-a100-40g")
+    setup = TrainingSetup(gpus=64, global_batch=256, seq_len=model.seq_len)
+    result = search(model, cluster, setup, top=3)
+    listed = [result.best, *result.alternatives]
+    assert len(listed) == 4
+    for cand in listed:
+        assert not (cand.strategy.recompute == "full" and cand.recompute_layers is not None
+                    and not any(cand.recompute_layers)), cand.strategy
+    keys = {(c.strategy.dp, c.strategy.tp, c.strategy.pp, c.strategy.cp, c.strategy.micro_batch, c.strategy.zero,
+             c.strategy.vpp) for c in listed}
+    assert len(keys) == len(listed)  # no two differ in the recompute mode alone

@@ -178,7 +178,7 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
             ilp_solves += stats["ilp"]
             optimal &= stats["optimal"]
         if cand.fits:
-            ranked.add(cand)
+            ranked.add(_as_priced(cand, fixed))
             queue.cutoff = ranked.cutoff_s
         elif closest is None or cand.peak_memory_bytes < closest.peak_memory_bytes:
             closest = cand
@@ -195,6 +195,17 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -
                         elapsed_s=time.perf_counter() - start,
                         memory_floor_bytes=(found_bounds.least_floor_bytes
                                             if np.isfinite(found_bounds.least_floor_bytes) else 0.0))
+
+
+def _as_priced(cand: Candidate, fixed: dict) -> Candidate:
+    """A 'full' candidate whose counts recompute no layer is the 'none' strategy (the same
+    prices and memory: 'full' prices its counts on the rows of 'none'); unless the user asked
+    for 'full', it ranks as that, so that the two are one plan and not a plan and its twin."""
+    s = cand.strategy
+    if (s.recompute == "full" and "recompute" not in fixed and s.recompute_layers is None
+            and cand.recompute_layers is not None and not any(cand.recompute_layers)):
+        return replace(cand, strategy=replace(s, recompute="none"), recompute_layers=None)
+    return cand
 
 
 def _strategy(found: bounds.Bounds, j: int, fixed: dict) -> Strategy:
