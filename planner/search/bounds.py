@@ -118,8 +118,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     recompute modes, and the keys the rows share (layer contexts, memory floors, p2p times), as
     arrays."""
     g = min(cluster.gpus_per_node, setup.gpus)
-    # a count of recomputed layers is a knob of 'full' only
-    modes = space.allowed(space.RECOMPUTES, fixed.get("recompute", "full" if "recompute_layers" in fixed else None))
+    modes = space.recompute_modes(fixed)
     # the layer context depends on the setup's sequence, precision and attention only
     shape = replace(setup, gpus=1, global_batch=1, runtime="any")
     orders = rules.orders if "order" not in fixed else (fixed["order"],)

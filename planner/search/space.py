@@ -95,6 +95,12 @@ def allowed(values, fixed):
     return [v for v in values if fixed is None or v == fixed]
 
 
+def recompute_modes(fixed: dict) -> list[str]:
+    """The recompute modes the constraints leave: a fixed count of recomputed layers
+    (recompute_layers) is a knob of 'full' only."""
+    return allowed(RECOMPUTES, fixed.get("recompute", "full" if "recompute_layers" in fixed else None))
+
+
 def tp_options(model: ModelSpec, cluster: Cluster, gpus: int, fixed: int | None) -> list[int]:
     if model.is_graph:
         return allowed([1], fixed)
