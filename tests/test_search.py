@@ -15,7 +15,7 @@ from planner.search.driver import search
 from planner.search.floors import TIE, inverse_in_flight_sum, reciprocal_run
 from planner.search.ilp import recompute_ilp
 from planner.spec.hardware import load_cluster
-from planner.spec.model import ModelSpec, MoeSpec
+from planner.spec.model import ModelSpec, MoeSpec, load_model
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
 
 # --- the closed forms of the lower bounds ----------------------------------------------------
@@ -487,6 +487,71 @@ def test_least_recompute_counts_are_the_least_that_fit(mixed):
         ok = (every <= cap) & allowed
         assert np.array_equal(fits, ok.any(axis=-1))
         assert np.array_equal(least[fits], np.argmax(ok, axis=-1)[fits])
+
+
+@pytest.mark.parametrize("inter_GBps", [50.0, 8.0, 2.0])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_relaxed_tail_bounds_every_count(inter_GBps, mixed):
+    """The relaxed split tables' tail of a range (under 'full') is at most t(r) - t(least) +
+    tail(r) for every count r from its least to all its layers, by brute force over the counts,
+    and at least its tail with all layers recomputed (the looser relaxation it replaces). A slow
+    inter-node link leaves later stages' reductions exposed, where recomputing does lower the
+    tail (the bound then falls below the tail at the least count)."""
+    from dataclasses import replace
+
+    from planner.cost.step import profile, reduction_hiding, stage_terms
+    from planner.search.driver import _relaxed_tail
+
+    cluster = replace(CLUSTER, inter_node=replace(CLUSTER.inter_node, Bps=inter_GBps * 1e9))
+    moe = MoeSpec(experts=8, top_k=2, expert_ffn_hidden=4096, dense_layers=2) if mixed else None
+    model = ModelSpec(name="m", layers=12, hidden=4096, heads=32, ffn_hidden=16384, vocab=32000, seq_len=2048,
+                      moe=moe)
+    setup = TrainingSetup(gpus=64, global_batch=64, seq_len=2048)
+    s = Strategy(dp=16, tp=1, pp=4, cp=1, ep=2 if mixed else 1, micro_batch=1, zero=0, recompute="full",
+                 sequence_parallel=False)
+    prof = profile(model, cluster, setup, s)
+    width = space.stage_width(model.layers, s.pp)
+    a, n = (x.ravel() for x in np.meshgrid(np.arange(model.layers), np.arange(1, width + 1), indexing="ij"))
+    a, n = a[a + n <= model.layers], n[a + n <= model.layers]
+    i, a, n = np.repeat(np.arange(s.pp), len(a)), np.tile(a, s.pp), np.tile(n, s.pp)
+    r = np.arange(width + 1)
+    every = stage_terms(prof, i[:, None], [(a[:, None], (a + n)[:, None])], r[None, :])
+    t, tail = (np.broadcast_to(every[k], (len(i), width + 1)) for k in ("t", "tail"))
+    at_all = stage_terms(prof, i, [(a, a + n)], n)
+    lowered = tighter = False
+    for least in (0 * n, np.minimum(n, 1), n // 2):
+        at_least = stage_terms(prof, i, [(a, a + n)], least)
+        relaxed = _relaxed_tail(at_least, at_all, reduction_hiding(cluster, i, s.dp_overlap))
+        counts = (r >= least[:, None]) & (r <= n[:, None])
+        exact = np.where(counts, t - at_least["t"][:, None] + tail, np.inf).min(axis=1)
+        assert np.all(relaxed <= exact * (1 + 1e-12))
+        assert np.all(relaxed >= at_all["tail"])
+        lowered |= bool(np.any(relaxed < at_least["tail"] * (1 - 1e-9)))
+        tighter |= bool(np.any(relaxed > at_all["tail"] * (1 + 1e-9)))
+    assert tighter
+    assert lowered or inter_GBps > 2
+
+
+def test_splits_and_counts_chosen_together_where_the_relaxed_split_falls_short():
+    """Under 'full' the split DP runs on relaxed tables, then the ILP picks the counts for that
+    split; where that lands above the relaxed step, the DP over splits and counts together
+    decides. GPT-3 175B on 128 A100-40G (pp 8, tp 8) is such a case: the relaxed split with its
+    best counts is slower than another split, which the plan must take."""
+    from planner.cost.step import profile
+    from planner.search.driver import _candidate, _dp_split, _price, _with_counts
+
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-40g")
+    setup = TrainingSetup(gpus=128, global_batch=512, seq_len=2048)
+    s = Strategy(dp=2, tp=8, pp=8, cp=1, micro_batch=1, zero=1, recompute="full", sequence_parallel=True)
+    prof = profile(model, cluster, setup, s)
+    rules = space.RUNTIME_RULES["any"]
+    relaxed, joint = _dp_split(prof), _dp_split(prof, counts=True)
+    stats = {"programmes": 0, "ilp": 0, "optimal": True}
+    alone = _with_counts(prof, relaxed.bounds, rules, cluster.gpu.memory_bytes, "highs", 10.0, math.inf, stats)
+    together = _candidate(prof, joint.bounds, joint.options)
+    assert relaxed.step_s <= together.step_time_s == pytest.approx(joint.step_s, rel=1e-12)
+    assert alone.step_time_s > together.step_time_s * (1 + TIE)
+    assert _price(prof, rules, "highs", 10.0)[0].step_time_s == together.step_time_s
 
 
 @pytest.mark.parametrize("layers_recomputed", [1, 2])

@@ -503,11 +503,18 @@ def stage_tail_s(coll, zero, grad_bytes: int, dense, expert, fwd_s, bwd_s, stage
                     ((1,), lambda: both("reduce_scatter", grad_bytes)))
     gather = _by_zero(zero, ((1, 2), lambda: both("all_gather", memory.WEIGHT_BYTES)))
     if dp_overlap:
-        exposed = (np.maximum(0.0, grad - (eff.dp_overlap_fraction + stage) * bwd_s)
+        exposed = (np.maximum(0.0, grad - reduction_hiding(cluster, stage, dp_overlap) * bwd_s)
                    + np.maximum(0.0, gather - eff.dp_overlap_fraction * fwd_s))
     else:
         exposed = grad + gather
     return exposed, optimizer_s(zero, dense, expert, shards, eshards, cluster)
+
+
+def reduction_hiding(cluster: Cluster, stage, dp_overlap: bool):
+    """Seconds of a stage's gradient reduction that one second of its backward hides
+    (stage_tail_s): dp_overlap_fraction + stage with overlap, none without; stage may be an
+    array."""
+    return cluster.efficiency.dp_overlap_fraction + stage if dp_overlap else 0.0 * stage
 
 
 def optimizer_s(zero, dense, expert, shards, eshards, cluster: Cluster):

@@ -27,6 +27,7 @@ from planner.cost.step import (
     estimate,
     pricing_key,
     profile,
+    reduction_hiding,
     split_step,
     split_terms,
     stage_memory_bytes,
@@ -381,10 +382,11 @@ def _tables(prof, width: int, counts: bool = False):
     'full' and `counts`, one more axis holds the counts r of recomputed layers (0..width) worth
     choosing (_count_options), so the DP chooses the split and each stage's count together,
     exactly. With 'full' and no `counts`, each range takes its least count that
-    fits (the least time) and the tail of recomputing all its layers (the least tail): a
-    relaxation, whose DP step is a lower bound for every count the ILP may choose afterwards
-    (one count for every stage, the runtime's rule). A count the strategy fixes
-    (recompute_layers, at most the range's length) is no choice: the tables are then exact."""
+    fits (the least time) and, as its tail, a floor of what more recomputation adds to its time
+    and leaves of its tail (_relaxed_tail): a relaxation, whose DP step is a lower bound for
+    every count the ILP may choose afterwards (one count for every stage, the runtime's rule).
+    A count the strategy fixes (recompute_layers, at most the range's length) is no choice: the
+    tables are then exact."""
     s, L, p = prof.strategy, prof.model.layers, prof.strategy.pp
     free_counts = s.recompute == "full" and s.recompute_layers is None
     i, a, n = (x.ravel() for x in np.meshgrid(np.arange(p), np.arange(L + 1), np.arange(1, width + 1),
@@ -398,10 +400,13 @@ def _tables(prof, width: int, counts: bool = False):
     if free_counts:
         least, fits = _least_counts(prof, i, rng, n, cap)
         at_least = stage_terms(prof, i, rng, least)
-        times, tails = at_least["t"], stage_terms(prof, i, rng, n)["tail"]
+        at_all = stage_terms(prof, i, rng, n)
+        times, tails = at_least["t"], at_all["tail"]
         if counts:
             times, tails, fits = _count_options(prof, i, a, n, width, least, at_least, fits, tails)
             size += (width + 1,)
+        else:
+            tails = _relaxed_tail(at_least, at_all, reduction_hiding(prof.cluster, i, s.dp_overlap))
     else:
         fixed = 0 if s.recompute_layers is None else np.minimum(s.recompute_layers, n)
         terms = stage_terms(prof, i, rng, fixed)
@@ -415,6 +420,23 @@ def _tables(prof, width: int, counts: bool = False):
     tail[i, a, n - 1] = np.broadcast_to(tails, size)
     ok[i, a, n - 1] = np.broadcast_to(fits, size)
     return t, tail, ok
+
+
+def _relaxed_tail(at_least: dict, at_all: dict, hiding):
+    """The tail of a range in the relaxed tables (_tables): a lower bound of t(r) - t(least) +
+    tail(r) over its counts r from the least that fits to all its layers. Any split's step then
+    stays above the relaxed one: sum t + max tail >= sum of the least t + (t_J(r_J) - t_J(least)
+    + tail_J(r_J)) for the stage J with the largest such value. As a function of the recompute
+    time x added beyond the least count (0..D, D = t(all) - t(least)), t(r) - t(least) + tail(r)
+    = x + tail(x) has slope 1 - hiding while the gradient reduction is exposed and 1 once it is
+    hidden (stage_tail_s: the reduction hides behind `hiding` of the backward, recomputation
+    included): convex, so above the lines through its ends with those slopes. With hiding <= 1
+    the first line does not fall, and the least is at x = 0; else it is at least the lines'
+    value where they cross (x clipped to [0, D]). Never below tail(all), the least tail."""
+    h0, D = at_least["tail"], at_all["t"] - at_least["t"]
+    hD = D + at_all["tail"]
+    x = np.clip((h0 + D - hD) / np.maximum(hiding, 1.0), 0.0, D)
+    return np.maximum(at_all["tail"], h0 + np.minimum(0.0, 1 - hiding) * x)
 
 
 def _count_options(prof, i, a, n, width, least, at_least, fits, least_tail):
