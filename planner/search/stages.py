@@ -48,33 +48,36 @@ class Split:
 
 
 def _skew(cost: np.ndarray) -> np.ndarray:
-    """cost[i, a, n-1] (stage i holding [a, a+n)) re-indexed by where the stage ends:
-    out[i, b, n-1] = cost[i, b-n, n-1], INF where b < n. Extra trailing axes ride along."""
+    """cost[i, a, n-1] (stage i holding [a, a+n)) re-indexed by length and where the stage ends:
+    out[i, n-1, b] = cost[i, b-n, n-1], INF where b < n. Extra trailing axes ride along."""
     n1, width = cost.shape[1], cost.shape[2]
-    b = np.arange(n1)[:, None]
-    n = np.arange(1, width + 1)[None, :]
-    out = cost[:, np.maximum(b - n, 0), np.broadcast_to(n - 1, (n1, width))]
+    n = np.arange(1, width + 1)[:, None]
+    b = np.arange(n1)[None, :]
+    out = cost[:, np.maximum(b - n, 0), np.broadcast_to(n - 1, (width, n1))]
+    inside = (b >= n).reshape((1, width, n1) + (1,) * (cost.ndim - 3))
     if np.issubdtype(out.dtype, np.bool_):
-        return out & (b >= n).reshape((1, n1, width) + (1,) * (cost.ndim - 3))
-    return np.where((b >= n).reshape((1, n1, width) + (1,) * (cost.ndim - 3)), out, INF)
+        return out & inside
+    return np.where(inside, out, INF)
 
 
 def _chain(skewed: np.ndarray, combine) -> tuple[float, list[np.ndarray]]:
     """The recursion over stages both programmes share, on _skew's layout: best[i][b] = min_n
-    combine(best[i-1][b-n], skewed[i, b, n-1]) with stage 0 starting at layer 0; returns the
+    combine(best[i-1][b-n], skewed[i, n-1, b]) with stage 0 starting at layer 0; returns the
     value at b = L and each later stage's table of combined values (for the cut points)."""
-    p, n1, width = skewed.shape
-    b = np.arange(n1)[:, None]
-    start = np.maximum(b - np.arange(1, width + 1)[None, :], 0)
+    p, width, n1 = skewed.shape
     lengths = np.arange(1, min(width, n1 - 1) + 1)
-    best = np.full(n1, INF)
-    best[lengths] = skewed[0, lengths, lengths - 1]
+    # best[i-1] after `width` INF: row n-1 of `shifted` is best[i-1][b-n] (INF where b < n), a
+    # view that follows every update of `padded`
+    padded = np.full(width + n1, INF)
+    padded[width + lengths] = skewed[0, lengths - 1, lengths]
+    step = padded.itemsize
+    shifted = np.ndarray((width, n1), padded.dtype, padded, (width - 1) * step, (-step, step))
     totals = []
     for i in range(1, p):
-        total = combine(best[start], skewed[i])  # INF where the stage cannot end at b
+        total = combine(shifted, skewed[i])  # INF where the stage cannot end at b
         totals.append(total)
-        best = total.min(axis=1)
-    return float(best[n1 - 1]), totals
+        padded[width:] = total.min(axis=0)
+    return float(padded[-1]), totals
 
 
 def _shortest(skewed: np.ndarray) -> tuple[float, list[int]]:
@@ -83,15 +86,15 @@ def _shortest(skewed: np.ndarray) -> tuple[float, list[int]]:
     total, tables = _chain(skewed, np.add)
     if not np.isfinite(total):
         return INF, []
-    cuts = [skewed.shape[1] - 1]
+    cuts = [skewed.shape[2] - 1]
     for table in reversed(tables):
-        cuts.append(cuts[-1] - int(np.argmin(table[cuts[-1]])) - 1)
+        cuts.append(cuts[-1] - int(np.argmin(table[:, cuts[-1]])) - 1)
     cuts.append(0)
     return total, cuts[::-1]
 
 
 class _Options:
-    """The options of every (stage, end, length) cell, in _skew's layout, less those another
+    """The options of every (stage, length, end) cell, in _skew's layout, less those another
     option of the same cell matches or beats in both t and tail (no split is better for them):
     cells left with one option as dense arrays, the few with several as runs of entries, so
     a programme's work does not grow with the options axis."""
@@ -182,7 +185,7 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
             return None
         bounds = [(cuts[i], cuts[i + 1]) for i in range(p)]
         cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
-        chosen = tuple(options.choice((i, hi, hi - lo - 1), allowed) for i, (lo, hi) in enumerate(bounds))
+        chosen = tuple(options.choice((i, hi - lo - 1, hi), allowed) for i, (lo, hi) in enumerate(bounds))
         t_max = max(t[c + (r,)] for c, r in zip(cells, chosen))
         u_max = max(tail[c + (r,)] for c, r in zip(cells, chosen))
         return (microbatches - 1) * t_max + total + u_max, bounds, total, t_max, u_max, chosen
