@@ -573,8 +573,10 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     m = prof.microbatches
     step_s, bubble_s, worst, tail = split_step(terms, m, s.vpp)
 
+    per_stage = {k: np.broadcast_to(v, (s.pp,)).tolist() for k, v in terms.items()}
+
     def at(key, i):
-        return float(np.broadcast_to(terms[key], (s.pp,))[i])
+        return float(per_stage[key][i])
 
     stages = []
     for i, chunks in enumerate(pipeline.stage_chunks(bounds, s.pp)):
