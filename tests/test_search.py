@@ -442,6 +442,28 @@ def test_strategies_with_equal_pricing_keys_price_alike():
                 assert len(priced) == 1, (group, bounds, counts, priced)
 
 
+def test_context_registry_columns_follow_its_growth():
+    """A sweep's searches share one registry of layer contexts, which grows as they meet new
+    ones: a table over any of its ids reads each context's own fields and prefix sums, whether
+    the context came before or after the registry's columns were first stacked."""
+    from planner.placement import group_spans
+    from planner.search.contexts import PREFIX_ROWS, Registry, Table, context
+
+    model = ModelSpec(name="m", layers=6, hidden=1024, heads=8, ffn_hidden=4096, vocab=32000, seq_len=2048)
+    shape = TrainingSetup(gpus=1, global_batch=1, seq_len=2048)
+    reg = Registry(model, CLUSTER, shape)
+    keys = [(tp, 1, 1, mb, tp > 1, mode, group_spans("tp-cp-ep-dp-pp", tp, 1, 8 // tp, 1, 1, 8)[:3])
+            for tp in (1, 2, 4) for mb in (1, 2) for mode in ("none", "full")]
+    for batch in (keys[:3], keys[3:7], keys[:2] + keys[7:]):
+        ids = np.array([reg.id(*k) for k in batch])
+        table = Table(reg, ids)
+        direct = [context(model, CLUSTER, shape, *k) for k in batch]
+        assert np.array_equal(table.col("total_s"), [c.total_s for c in direct])
+        assert np.array_equal(table.col("head_comp"), [c.ends["head_comp"] for c in direct])
+        assert np.array_equal(table.prefix("rec_f"), [c.prefix[PREFIX_ROWS.index("rec_f")] for c in direct])
+    assert len(reg.contexts) == len(keys)
+
+
 def test_megatron_two_stage_split_is_free():
     """Megatron lets only the first and last stage differ; with two stages both are ends, so
     every split is allowed and the search must find the best of them (a large vocabulary makes

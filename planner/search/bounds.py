@@ -43,7 +43,7 @@ from planner.cost.step import (
 )
 from planner.placement import group_spans
 from planner.search import space
-from planner.search.contexts import KINDS, Table, affine, context
+from planner.search.contexts import KINDS, Table, affine, registry
 from planner.search.floors import (
     SAFETY,
     inverse_in_flight_sum,
@@ -167,8 +167,9 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
               for tp, cp, ep, mb, sp, mode in memories]
 
     def build(used):  # the layer contexts, priced only for candidates that pass the memory floor
-        return Table([context(model, cluster, shape, tp, cp, ep, mb, bool(sp), space.RECOMPUTES[b], span_sets[s])
-                      for tp, cp, ep, mb, sp, b, s in used])
+        reg = registry(model, cluster, shape)
+        return Table(reg, np.array([reg.id(tp, cp, ep, mb, bool(sp), space.RECOMPUTES[b], span_sets[s])
+                                    for tp, cp, ep, mb, sp, b, s in used], dtype=np.int64))
 
     return replace(_bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
                                list(layouts), vpp_sets, considered, fixed.get("dp_overlap", True)),

@@ -58,20 +58,66 @@ def major(K: dict, model: ModelSpec) -> tuple:
             float(K["saved_b"][k] - K["saved_f"][k]), float(per[k]), float(K["rec_f"][k]))
 
 
+class Registry:
+    """The layer contexts priced so far for one model, cluster and setup shape, each with an id
+    (in order of first use), and their columns stacked as they grow: every search of a sweep
+    reads the contexts it shares with the others by id, with no Python pass over them."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, shape: TrainingSetup):
+        self.args, self.ids, self.contexts = (model, cluster, shape), {}, []
+        self._columns: dict = {}
+        self._prefix, self._stacked = np.zeros((0, len(PREFIX_ROWS), model.layers + 1)), 0
+
+    def id(self, tp: int, cp: int, ep: int, mb: int, sp: bool, mode: str, spans: tuple) -> int:
+        """The id of a layer context (priced on first use; `spans`: its tp, cp and ep spans)."""
+        key = (tp, cp, ep, mb, sp, mode, spans)
+        k = self.ids.get(key)
+        if k is None:
+            k = self.ids[key] = len(self.contexts)
+            self.contexts.append(context(*self.args, *key))
+        return k
+
+    def col(self, name: str) -> np.ndarray:
+        """A Context field, or an entry of its `ends`, per id."""
+        have = self._columns.get(name)
+        done = 0 if have is None else len(have)
+        if done < len(self.contexts):
+            field = name in Context.__dataclass_fields__
+            new = np.array([getattr(x, name) if field else x.ends[name] for x in self.contexts[done:]])
+            self._columns[name] = have = new if have is None else np.concatenate([have, new])
+        return np.zeros(0) if have is None else have
+
+    def prefix(self, row: int) -> np.ndarray:
+        """(ids, layers + 1) prefix sums of PREFIX_ROWS[row] (rows kept with room to grow)."""
+        done, n = self._stacked, len(self.contexts)
+        if done < n:
+            if n > len(self._prefix):
+                grown = np.empty((2 * n, *self._prefix.shape[1:]))
+                grown[:done] = self._prefix[:done]
+                self._prefix = grown
+            self._prefix[done:n] = [x.prefix for x in self.contexts[done:]]
+            self._stacked = n
+        return self._prefix[:n, row]
+
+
+@lru_cache(maxsize=16)
+def registry(model: ModelSpec, cluster: Cluster, shape: TrainingSetup) -> Registry:
+    return Registry(model, cluster, shape)
+
+
 class Table:
-    """The layer contexts of one search as columns (a scalar per context, or its prefix sums
-    as a matrix), each built once, on first use."""
+    """The layer contexts of one search (ids into a Registry) as columns: a scalar per context,
+    or its prefix sums as a matrix, each gathered once, on first use."""
 
-    __slots__ = ("ctx", "_columns", "_prefix")
+    __slots__ = ("registry", "ids", "_columns", "_prefix")
 
-    def __init__(self, ctx: list):
-        self.ctx, self._columns, self._prefix = ctx, {}, None
+    def __init__(self, reg: Registry, ids: np.ndarray):
+        self.registry, self.ids, self._columns, self._prefix = reg, ids, {}, {}
 
     def col(self, name: str) -> np.ndarray:
         """A Context field, or an entry of its `ends`, per context."""
         if name not in self._columns:
-            field = name in Context.__dataclass_fields__
-            self._columns[name] = np.array([getattr(x, name) if field else x.ends[name] for x in self.ctx])
+            self._columns[name] = self.registry.col(name)[self.ids]
         return self._columns[name]
 
     def even_stage_s(self, c: np.ndarray, p: int, v: int, layers: int) -> np.ndarray:
@@ -86,11 +132,10 @@ class Table:
         return times
 
     def prefix(self, name: str) -> np.ndarray:
-        """(contexts, layers + 1) prefix sums of a PREFIX_ROWS name (all of them stacked at once,
-        on first use)."""
-        if self._prefix is None:
-            self._prefix = np.stack([x.prefix for x in self.ctx])
-        return self._prefix[:, PREFIX_ROWS.index(name)]
+        """(contexts, layers + 1) prefix sums of a PREFIX_ROWS name (gathered on first use)."""
+        if name not in self._prefix:
+            self._prefix[name] = self.registry.prefix(PREFIX_ROWS.index(name))[self.ids]
+        return self._prefix[name]
 
 
 PREFIX_ROWS = ("per", *LAYER_ROWS)
@@ -98,9 +143,9 @@ PREFIX_ROWS = ("per", *LAYER_ROWS)
 ZeRO, recompute counts or p2p) and cost/step's layer tables"""
 
 
-@lru_cache(maxsize=16384)
 def context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp: int, ep: int, mb: int,
              sp: bool, mode: str, spans: tuple) -> Context:
+    """What the bounds read of one layer context (Registry.id prices each once)."""
     tab = context_tables(model, cluster, setup, tp, cp, ep, mb, sp, mode, dict(zip(("tp", "cp", "ep"), spans)))
     P, E, K, L = tab.prefix, tab.ends, tab.kinds, model.layers
     per = _stage_time(P)
