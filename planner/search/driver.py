@@ -333,6 +333,10 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     elif s.pp > 2 and s.vpp == 1 and rules.uneven_split == "ends":
         found = _ends_split(prof, cap)
     if found is None:  # nothing fits or beats the cutoff: the even split says by how much
+        if free_split and plain is None:
+            # under 'full', no split and no counts fit or beat the cutoff (the DP's proof): what
+            # is left to say is how far from fitting, at the least memory (every layer recomputed)
+            return _candidate(prof, even, None), stats
         return plain or _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats), stats
     cand = _with_counts(prof, found.bounds, rules, cap, solver, time_limit_s, best_s, stats)
     if s.recompute == "full" and s.recompute_layers is None:
