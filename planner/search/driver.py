@@ -467,16 +467,21 @@ def _count_options(prof, i, a, n, width, least, at_least, fits, least_tail):
 def _least_counts(prof, i, rng, n, cap):
     """Per stage and range, the least count of fully recomputed layers that fits, and whether
     any does. Memory falls with every recomputed layer beyond the first (the first adds the
-    rebuild buffer), so a bisection over 1..n finds it after checking 0."""
+    rebuild buffer), so a bisection over 1..n finds it, for the ranges that do not fit with
+    none."""
     none = np.broadcast_to(stage_memory_bytes(prof, i, rng, 0) <= cap, n.shape)
-    lo, hi = np.where(none, n, 1), n.copy()  # what fits as is needs no bisection
+    need = np.nonzero(~none)
+    i, n = np.broadcast_to(i, n.shape)[need], n[need]
+    rng = [(np.broadcast_to(a, none.shape)[need], np.broadcast_to(b, none.shape)[need]) for a, b in rng]
+    lo, hi = np.ones_like(n), n.copy()
     while np.any(lo < hi):
         mid = (lo + hi) // 2
         fits = stage_memory_bytes(prof, i, rng, mid) <= cap
         hi = np.where(fits & (lo < hi), mid, hi)
         lo = np.where(~fits & (lo < hi), mid + 1, lo)
-    some = stage_memory_bytes(prof, i, rng, lo) <= cap
-    return np.where(none, 0, lo), none | some
+    least, some = np.zeros(none.shape, dtype=int), none.copy()
+    least[need], some[need] = lo, stage_memory_bytes(prof, i, rng, lo) <= cap
+    return least, some
 
 
 def _dp_split(prof, cutoff: float = float("inf"), counts: bool = False) -> stages.Split | None:
