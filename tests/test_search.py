@@ -442,6 +442,33 @@ def test_strategies_with_equal_pricing_keys_price_alike():
                 assert len(priced) == 1, (group, bounds, counts, priced)
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("pp,micro_batch", [(3, 1), (4, 2), (6, 1)])
+def test_split_dp_window_keeps_every_split_that_beats_the_cutoff(pp, micro_batch, recompute):
+    """With a cutoff, the split DP prices only ranges whose time floor lets a split beat it: the
+    result is the one of the DP over every range, for cutoffs just above the optimum (where the
+    window is narrowest), between, and below it (nothing to find)."""
+    from planner.cost.step import profile
+    from planner.search.driver import _dp_split, _tables
+
+    model = ModelSpec(name="m", layers=18, hidden=2048, heads=16, ffn_hidden=8192, vocab=128000, seq_len=4096)
+    setup = TrainingSetup(gpus=8 * pp, global_batch=64, seq_len=4096)
+    s = Strategy(dp=8, tp=1, pp=pp, cp=1, micro_batch=micro_batch, zero=1, recompute=recompute,
+                 sequence_parallel=False)
+    prof = profile(model, CLUSTER, setup, s)
+    width = space.stage_width(model.layers, pp)
+    every = _tables(prof, width)
+    best = stages.best_split(*every, prof.microbatches)
+    for cutoff in (best.step_s * (1 + 1e-12), best.step_s * 1.002, best.step_s * 1.02, best.step_s * 0.999):
+        expected = stages.best_split(*every, prof.microbatches, cutoff)
+        found = _dp_split(prof, cutoff)
+        assert (found is None) == (expected is None)
+        if found is not None:
+            assert (found.bounds, found.step_s) == (expected.bounds, expected.step_s)
+    narrowed = _tables(prof, width, cutoff=best.step_s * (1 + 1e-12))[0]
+    assert np.isfinite(narrowed).sum() < np.isfinite(every[0]).sum()  # the window does leave ranges out
+
+
 def test_context_registry_columns_follow_its_growth():
     """A sweep's searches share one registry of layer contexts, which grows as they meet new
     ones: a table over any of its ids reads each context's own fields and prefix sums, whether

@@ -349,12 +349,10 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     `recompute_layers` layers fully recomputed (recompute 'full'). i, a, b and recompute_layers may
     be numpy arrays: every term is computed elementwise (the stage DP prices all ranges of one
     stage at once; the search prices all stages of a split at once)."""
-    s, E, cluster = prof.strategy, prof.ends, prof.cluster
+    s, cluster = prof.strategy, prof.cluster
     eff = cluster.efficiency
-    first, last = np.equal(i, 0), np.equal(i, s.pp - 1)
     sums = _stage_sums(prof, chunks, recompute_layers, _PREFIX_KEYS)
-    comp = sums["comp"] + first * E["emb_comp"] + last * E["head_comp"]
-    tp = sums["tp"] + first * E["emb_tp"] + last * E["head_tp"]
+    comp, tp, before_zero = _stage_time(prof, i, sums)
     dense, saved, head_saved = _held(prof, i, sums)
 
     def coll(kind, n_bytes, group):
@@ -364,7 +362,7 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     if s.zero >= 2:
         per_mb = zero_traffic_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"])
         z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
-    t = comp + sums["rec"] + tp + sums["cp"] + sums["ep"] + prof.p2p_s + z
+    t = before_zero + z
     shards, eshards = state_shards(s.dp, s.cp, s.ep)
     # recomputation runs inside backward and hides traffic too
     exposed, opt = stage_tail_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
@@ -382,6 +380,23 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
             "optimizer": opt, "tail": exposed + opt, "weights": weights, "grads": grads, "optim": optim,
             "activations": acts, "other": other, "memory": weights + grads + optim + acts + other,
             "recompute_layers": sums["n_rec"]}
+
+
+def _stage_time(prof: Profile, i, sums: dict) -> tuple:
+    """(compute, tp traffic, time per micro-batch without ZeRO-2/3 traffic) of stage i holding
+    the layers `sums` sums up (_stage_sums): the first stage adds the embedding's, the last the
+    head's, and every stage its p2p."""
+    E, first, last = prof.ends, np.equal(i, 0), np.equal(i, prof.strategy.pp - 1)
+    comp = sums["comp"] + first * E["emb_comp"] + last * E["head_comp"]
+    tp = sums["tp"] + first * E["emb_tp"] + last * E["head_tp"]
+    return comp, tp, comp + sums["rec"] + tp + sums["cp"] + sums["ep"] + prof.p2p_s
+
+
+def stage_time_floor_s(prof: Profile, i, chunks):
+    """stage_terms(...)["t"] less what recompute counts and ZeRO-2/3 traffic add, both never
+    negative: a lower bound of the stage's time for every count, computed without them. It adds
+    up over layers, so its sum over the stages of a split is the same for every split."""
+    return _stage_time(prof, i, _stage_sums(prof, chunks, 0, ("comp", "tp", "cp", "ep")))[2]
 
 
 def _stage_sums(prof: Profile, chunks, recompute_layers, keys) -> dict:

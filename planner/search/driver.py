@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.cost.pipeline import chunk_arrays, split_layers, step_time_s
+from planner.cost.pipeline import chunk_arrays, even_chunks, split_layers, step_time_s
 from planner.cost.step import (
     StepEstimate,
     estimate,
@@ -32,6 +32,7 @@ from planner.cost.step import (
     split_terms,
     stage_memory_bytes,
     stage_terms,
+    stage_time_floor_s,
 )
 from planner.search import bounds, ilp, space, stages
 from planner.search.floors import SAFETY, TIE
@@ -379,7 +380,7 @@ def _candidate(prof, split, counts) -> Candidate:
                      peak_memory_bytes=peak, fits=peak <= prof.cluster.gpu.memory_bytes)
 
 
-def _tables(prof, width: int, counts: bool = False):
+def _tables(prof, width: int, counts: bool = False, cutoff: float = float("inf")):
     """t, tail, ok of every stage position, first layer and length (<= width), shaped
     (pp, layers+1, width) for stages.best_split; priced only where some split of pp stages of
     1..width layers can hold that range at that position (elsewhere t is inf and ok False). With
@@ -395,9 +396,17 @@ def _tables(prof, width: int, counts: bool = False):
     free_counts = s.recompute == "full" and s.recompute_layers is None
     i, a, n = (x.ravel() for x in np.meshgrid(np.arange(p), np.arange(L + 1), np.arange(1, width + 1),
                                                indexing="ij"))
-    before, after = i, p - 1 - i  # stages before and after, each holding 1..width layers
-    keep = (a >= before) & (a <= before * width) & (L - a - n >= after) & (L - a - n <= after * width)
-    i, a, n = i[keep], a[keep], n[keep]
+    i, a, n = (x[_reachable(i, a, n, p, L, width)] for x in (i, a, n))
+    m = prof.microbatches
+    if cutoff < float("inf") and m > 1:
+        # a split beats the cutoff only if (m - 1) * max t < cutoff - sum t - max tail, where sum t
+        # is at least the split-free sum of the time floors and the tail at least 0: ranges
+        # above that bottleneck are left out, and the tables narrow to the longest range kept
+        sigma = float(np.sum(stage_time_floor_s(prof, np.arange(p), list(even_chunks(L, p, 1)[0]))))
+        inside = stage_time_floor_s(prof, i, [(a, a + n)]) <= (cutoff - sigma) / (m - 1) * (1 + SAFETY)
+        i, a, n = i[inside], a[inside], n[inside]
+        width = int(n.max(initial=1))
+        i, a, n = (x[_reachable(i, a, n, p, L, width)] for x in (i, a, n))
     cap = prof.cluster.gpu.memory_bytes
     rng = [(a, a + n)]
     size = (len(i),)
@@ -424,6 +433,13 @@ def _tables(prof, width: int, counts: bool = False):
     tail[i, a, n - 1] = np.broadcast_to(tails, size)
     ok[i, a, n - 1] = np.broadcast_to(fits, size)
     return t, tail, ok
+
+
+def _reachable(i, a, n, p: int, L: int, width: int) -> np.ndarray:
+    """Whether some split of L layers into p stages of 1..width layers each puts [a, a+n) on
+    stage i (the i stages before it and the p-1-i after it hold the rest)."""
+    before, after = i, p - 1 - i
+    return (a >= before) & (a <= before * width) & (L - a - n >= after) & (L - a - n <= after * width)
 
 
 def _relaxed_tail(at_least: dict, at_all: dict, hiding):
@@ -488,7 +504,7 @@ def _dp_split(prof, cutoff: float = float("inf"), counts: bool = False) -> stage
     """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`).
     With `counts` (recompute 'full', a count per stage) it chooses each stage's count too
     (Split.options)."""
-    t, tail, ok = _tables(prof, space.stage_width(prof.model.layers, prof.strategy.pp), counts)
+    t, tail, ok = _tables(prof, space.stage_width(prof.model.layers, prof.strategy.pp), counts, cutoff)
     return stages.best_split(t, tail, ok, prof.microbatches, cutoff)
 
 
