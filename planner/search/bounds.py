@@ -91,14 +91,15 @@ class Bounds:
         """Candidate j's knobs other than zero and vpp."""
         return self.outer.knobs(int(self.row[j]), int(self.pp[j]))
 
-    def refined_s(self, idx: np.ndarray, cutoff: float = np.inf) -> np.ndarray:
+    def refined_s(self, idx: np.ndarray, cutoff: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
         """Tighter bounds of candidates idx: the pipeline part (with the free split's
         integrality, Refiner.pipe_floor_s) plus the least largest tail (Refiner.floor_s), never
-        below the first bound; infinite when no split of the candidate fits in memory
-        (Refiner.fits). What is not below `cutoff` with the pipeline part alone (nearly all
-        that the refinement prunes) needs neither the tail floor nor the memory check, and what
-        its cheaper floors put there skips the memory relaxations too: those bounds are looser
-        but at or above the cutoff, where nothing is priced."""
+        below the first bound; and which of them are below `cutoff`, the ones whose memory
+        check (fits) decides whether they are priced. What is not below `cutoff` with the
+        pipeline part alone (nearly all that the refinement prunes) needs neither the tail floor
+        nor the memory check, and what its cheaper floors put there skips the memory
+        relaxations too: those bounds are looser but at or above the cutoff, where nothing is
+        priced."""
         rows = self.order[idx]
         tail = self.bound_s[idx] - self.pipe_s[idx]
         pipe = self.refiner.pipe_floor_s(rows, cutoff - tail)
@@ -106,9 +107,12 @@ class Bounds:
         open_ = np.nonzero(bound < cutoff)[0]
         tail = np.maximum(tail[open_], self.refiner.floor_s(rows[open_]) * (1 - SAFETY))
         bound[open_] = np.maximum(bound[open_], pipe[open_] + tail)
-        check = open_[bound[open_] < cutoff]
-        bound[check[~self.refiner.fits(rows[check])]] = np.inf
-        return bound
+        return bound, bound < cutoff
+
+    def fits(self, idx: np.ndarray) -> np.ndarray:
+        """Whether some split of candidates idx may fit in memory (Refiner.fits: False proves
+        none does)."""
+        return self.refiner.fits(self.order[idx])
 
 
 def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict, rules: space.RuntimeRules,

@@ -250,12 +250,15 @@ class _BoundOrder:
     batch of them is refined (Bounds.refined_s, vectorised) into a heap only when the heap's
     least refined bound is no longer below the next first bound, so the refinement costs in
     proportion to how far the search gets. Batches double until a plan is found; after it, one
-    batch holds every candidate whose first bound is below the cutoff. Yields (candidate,
-    refined bound); every bound yielded after the first plan is found is the least remaining."""
+    batch holds every candidate whose first bound is below the cutoff. A refined candidate
+    below the cutoff has its memory checked (Bounds.fits) only when it reaches the top of the
+    heap. Yields (candidate, refined bound); every bound yielded after the first plan is found
+    is the least remaining."""
 
     FIRST_BATCH = 32
     MAX_BATCH = 4096
     CUTOFF_BATCH = 16384
+    CHECK_BATCH = 16
 
     def __init__(self, found: bounds.Bounds):
         self.found, self.next, self.heap, self.batch = found, 0, [], self.FIRST_BATCH
@@ -267,14 +270,29 @@ class _BoundOrder:
     def remaining(self) -> int:
         return len(self.found.bound_s) - self.next + len(self.heap)
 
+    def _settle(self) -> None:
+        """Check the memory of the least-bound candidates at the top of the heap that were below
+        the cutoff when refined (a batch of up to CHECK_BATCH at once): those proven not to fit
+        go back with an infinite bound. Checking them only when they come up spares the checks
+        of the many that the search never reaches."""
+        batch = []
+        while self.heap and self.heap[0][2] and len(batch) < self.CHECK_BATCH:
+            batch.append(heapq.heappop(self.heap))
+        if batch:
+            fits = self.found.fits(np.array([j for _, j, _ in batch])).tolist()
+            for (bound, j, _), ok in zip(batch, fits):
+                heapq.heappush(self.heap, (bound if ok else float("inf"), j, False))
+
     def __iter__(self):
         first = self.found.bound_s
         while self.next < len(first) or self.heap:
+            while self.heap and self.heap[0][2]:
+                self._settle()
             # until a plan is found, the best refined candidate goes first (an incumbent early
             # makes the memory checks of the next batches unnecessary); after it, bound order
             early = self.cutoff == float("inf") and self.heap and self.heap[0][0] < float("inf")
             if self.heap and (early or self.next >= len(first) or self.heap[0][0] <= first[self.next]):
-                bound, j = heapq.heappop(self.heap)
+                bound, j, _ = heapq.heappop(self.heap)
                 yield j, bound
                 continue
             stop = min(len(first), self.next + self.batch)
@@ -289,7 +307,8 @@ class _BoundOrder:
                     continue
                 stop = min(below, self.next + self.CUTOFF_BATCH)
             idx = np.arange(self.next, stop)
-            for item in zip(self.found.refined_s(idx, self.cutoff).tolist(), idx.tolist()):
+            refined, unchecked = self.found.refined_s(idx, self.cutoff)
+            for item in zip(refined.tolist(), idx.tolist(), unchecked.tolist()):
                 heapq.heappush(self.heap, item)
             self.next += len(idx)
             self.batch = min(2 * self.batch, self.MAX_BATCH)
