@@ -9,15 +9,16 @@ them (stride tp), and expert data parallelism the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 DENSE_DIMS = ("tp", "cp", "dp", "pp")
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """How one group of `size` ranks sits on nodes: `per_node` of its ranks share a node."""
+class Span(NamedTuple):
+    """How one group of `size` ranks sits on nodes: `per_node` of its ranks share a node. A
+    named tuple: the search keys its caches and dictionaries by spans many thousands of times,
+    and a tuple hashes and compares in C."""
 
     size: int
     per_node: int
