@@ -24,6 +24,7 @@ dropped before it is priced.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -123,8 +124,7 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     arrays."""
     g = min(cluster.gpus_per_node, setup.gpus)
     modes = space.recompute_modes(fixed)
-    # the layer context depends on the setup's sequence, precision and attention only
-    shape = replace(setup, gpus=1, global_batch=1, runtime="any")
+    shape = _shape(replace(setup, gpus=1, global_batch=1, runtime="any"))
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
     span_ids: dict = {}
     layouts: dict = {}
@@ -178,6 +178,14 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     return replace(_bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
                                list(layouts), vpp_sets, considered, fixed.get("dp_overlap", True)),
                    dominated=dominated)
+
+
+@lru_cache(maxsize=64)
+def _shape(shape: TrainingSetup) -> TrainingSetup:
+    """The one instance of an equal setup shape: what a layer context depends on of the setup
+    (sequence, precision, attention), with which the cost model's caches are looked up many
+    times a search; an instance met before matches by identity, with no field comparisons."""
+    return shape
 
 
 class _Placement(NamedTuple):
