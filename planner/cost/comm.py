@@ -17,8 +17,6 @@ on each GPU's own NIC.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from planner.placement import Span
 from planner.spec.hardware import Cluster
 
@@ -70,7 +68,6 @@ def p2p_time_s(message_bytes, inter_node: bool, cluster: Cluster):
     return (message_bytes / bw + lat) * (message_bytes > 0)
 
 
-@lru_cache(maxsize=4096)
 def affine_s(kind: str, span: Span, cluster: Cluster) -> tuple[float, float]:
     """(seconds per byte, fixed seconds) such that collective_time_s(kind, M, span) equals
     per_byte * M + fixed for every M > 0 (each formula above is affine in M): what prices one

@@ -275,7 +275,6 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"])
 
 
-@lru_cache(maxsize=16384)
 def layer_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int, micro_batch: int,
                  sequence_parallel: bool, recompute: str) -> tuple[float, tuple]:
     """(least saved bytes of a layer, the distinct (dense, expert) local parameters of a layer)

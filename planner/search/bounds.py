@@ -29,13 +29,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planner.cost import comm, memory
+from planner.cost import memory
 from planner.cost.pipeline import in_flight
 from planner.cost.step import (
     base_mode,
     dp_grad_bytes,
     layer_kind_index,
-    layer_memory,
     optimizer_s,
     p2p_s,
     selective_saves_memory,
@@ -44,7 +43,7 @@ from planner.cost.step import (
 )
 from planner.placement import group_spans
 from planner.search import space
-from planner.search.contexts import KINDS, Table, affine, registry
+from planner.search.contexts import KINDS, Table, affine, layout_coef, registry
 from planner.search.floors import (
     SAFETY,
     inverse_in_flight_sum,
@@ -167,11 +166,10 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
                "memory": memory_id, **rows}
     table = np.column_stack([columns[k] for k in _ROW]).astype(float).reshape(-1, len(_ROW))
     outer = _Outer(table[:, _ROW.index("tp"):].astype(int), tuple(modes), tuple(orders), fixed.get("dp_overlap", True))
-    layers = [layer_memory(model, shape, tp, cp, ep, mb, bool(sp), modes[mode])
-              for tp, cp, ep, mb, sp, mode in memories]
+    reg = registry(model, cluster, shape)
+    layers = [reg.memory(tp, cp, ep, mb, bool(sp), modes[mode]) for tp, cp, ep, mb, sp, mode in memories]
 
     def build(used):  # the layer contexts, priced only for candidates that pass the memory floor
-        reg = registry(model, cluster, shape)
         return Table(reg, np.array([reg.id(tp, cp, ep, mb, bool(sp), space.RECOMPUTES[b], span_sets[s])
                                     for tp, cp, ep, mb, sp, b, s in used], dtype=np.int64))
 
@@ -341,8 +339,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     # the largest tail is at least the optimizer step of the stage with the most parameters
     opt = optimizer_s(z, dense / pp, expert / pp, shards, eshards, cluster)
     # ZeRO-2/3 per-micro-batch traffic not hidden: sum_i max(0, x_i) >= max(0, sum_i x_i)
-    coef = np.array([[[comm.affine_s(kind, group, cluster) for group in (dpcp, edp)] for kind in KINDS]
-                     for edp, dpcp in layouts]).reshape(len(layouts), len(KINDS), 2, 2)
+    coef = np.array([layout_coef(edp, dpcp, cluster) for edp, dpcp in layouts]).reshape(len(layouts), len(KINDS), 2, 2)
     traffic = zero_traffic_s(affine(coef, lay), z, dp_grad_bytes(setup.precision), dense, expert)
     zfloor = np.maximum(0.0, traffic - eff.dp_overlap_fraction * ctx.col("comp_s")[c])
     rec = np.zeros(len(z))

@@ -9,8 +9,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.cost import comm
 from planner.cost.pipeline import even_chunks
-from planner.cost.step import LAYER_ROWS, context_tables, layer_kind_index
+from planner.cost.step import LAYER_ROWS, context_tables, layer_kind_index, layer_memory
+from planner.placement import Span
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup
@@ -61,11 +63,13 @@ def major(K: dict, model: ModelSpec) -> tuple:
 class Registry:
     """The layer contexts priced so far for one model, cluster and setup shape, each with an id
     (in order of first use), and their columns stacked as they grow: every search of a sweep
-    reads the contexts it shares with the others by id, with no Python pass over them."""
+    reads the contexts it shares with the others by id, with no Python pass over them. Also
+    each context's layer memory (for the memory floors, before any context is priced)."""
 
     def __init__(self, model: ModelSpec, cluster: Cluster, shape: TrainingSetup):
         self.args, self.ids, self.contexts = (model, cluster, shape), {}, []
         self._columns: dict = {}
+        self._memory: dict = {}
         self._prefix, self._stacked = np.zeros((0, len(PREFIX_ROWS), model.layers + 1)), 0
 
     def id(self, tp: int, cp: int, ep: int, mb: int, sp: bool, mode: str, spans: tuple) -> int:
@@ -76,6 +80,15 @@ class Registry:
             k = self.ids[key] = len(self.contexts)
             self.contexts.append(context(*self.args, *key))
         return k
+
+    def memory(self, tp: int, cp: int, ep: int, mb: int, sp: bool, mode: str) -> tuple:
+        """cost/step.layer_memory of a layer context (computed on first use)."""
+        key = (tp, cp, ep, mb, sp, mode)
+        found = self._memory.get(key)
+        if found is None:
+            model, _, shape = self.args
+            found = self._memory[key] = layer_memory(model, shape, *key)
+        return found
 
     def col(self, name: str) -> np.ndarray:
         """A Context field, or an entry of its `ends`, per id."""
@@ -161,6 +174,13 @@ def context(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, c
 
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+@lru_cache(maxsize=4096)
+def layout_coef(edp: Span, dpcp: Span, cluster: Cluster) -> tuple:
+    """comm.affine_s of each of KINDS over the dp*cp group and the expert data-parallel group
+    of a layout: [kind][dpcp, edp] = (seconds per byte, fixed seconds)."""
+    return tuple(tuple(comm.affine_s(kind, group, cluster) for group in (dpcp, edp)) for kind in KINDS)
 
 
 def affine(coef: np.ndarray, lay: np.ndarray):
