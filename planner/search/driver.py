@@ -18,6 +18,7 @@ import gc
 import heapq
 import time
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -413,9 +414,7 @@ def _tables(prof, width: int, counts: bool = False, cutoff: float = float("inf")
     tables are then exact."""
     s, L, p = prof.strategy, prof.model.layers, prof.strategy.pp
     free_counts = s.recompute == "full" and s.recompute_layers is None
-    i, a, n = (x.ravel() for x in np.meshgrid(np.arange(p), np.arange(L + 1), np.arange(1, width + 1),
-                                               indexing="ij"))
-    i, a, n = (x[_reachable(i, a, n, p, L, width)] for x in (i, a, n))
+    i, a, n = _ranges(p, L, width)
     m = prof.microbatches
     if cutoff < float("inf") and m > 1:
         # a split beats the cutoff only if (m - 1) * max t < cutoff - sum t - max tail, where sum t
@@ -423,9 +422,9 @@ def _tables(prof, width: int, counts: bool = False, cutoff: float = float("inf")
         # above that bottleneck are left out, and the tables narrow to the longest range kept
         sigma = float(np.sum(stage_time_floor_s(prof, np.arange(p), list(even_chunks(L, p, 1)[0]))))
         inside = stage_time_floor_s(prof, i, [(a, a + n)]) <= (cutoff - sigma) / (m - 1) * (1 + SAFETY)
+        width = int(n[inside].max(initial=1))
+        inside &= _reachable(i, a, n, p, L, width)
         i, a, n = i[inside], a[inside], n[inside]
-        width = int(n.max(initial=1))
-        i, a, n = (x[_reachable(i, a, n, p, L, width)] for x in (i, a, n))
     cap = prof.cluster.gpu.memory_bytes
     rng = [(a, a + n)]
     size = (len(i),)
@@ -452,6 +451,19 @@ def _tables(prof, width: int, counts: bool = False, cutoff: float = float("inf")
     tail[i, a, n - 1] = np.broadcast_to(tails, size)
     ok[i, a, n - 1] = np.broadcast_to(fits, size)
     return t, tail, ok
+
+
+@lru_cache(maxsize=1024)
+def _ranges(p: int, L: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stage, first layer, length) of every range of 1..width layers some split of L layers
+    into p stages of 1..width layers puts on that stage (read-only arrays)."""
+    i, a, n = (x.ravel() for x in np.meshgrid(np.arange(p), np.arange(L + 1), np.arange(1, width + 1),
+                                               indexing="ij"))
+    keep = _reachable(i, a, n, p, L, width)
+    out = (i[keep], a[keep], n[keep])
+    for x in out:
+        x.flags.writeable = False
+    return out
 
 
 def _reachable(i, a, n, p: int, L: int, width: int) -> np.ndarray:
