@@ -73,14 +73,18 @@ def _span(order: str, degrees: dict[str, int], st: dict[str, int], dims: tuple[s
     else:
         progression = _progression(st, degrees, dims)
     if progression is not None:
-        # ranks 0, s, 2s, ... (size of them): with s >= a node's GPUs each sits on its own node,
-        # else consecutive ranks move at most one node on, so every node in between is used
-        stride, size = progression
-        nodes = size if stride >= gpus_per_node else (size - 1) * stride // gpus_per_node + 1
-        return Span(size=size, per_node=size // nodes, nodes=nodes)
+        return _run_span(*progression, gpus_per_node)
     ranks = group_of_rank0(order, degrees, dims)
     nodes = len({r // gpus_per_node for r in ranks})
     return Span(size=len(ranks), per_node=len(ranks) // nodes, nodes=nodes)
+
+
+def _run_span(stride: int, size: int, gpus_per_node: int) -> Span:
+    """Span of the ranks 0, stride, 2*stride, ... (size of them): with stride >= a node's GPUs
+    each sits on its own node, else consecutive ranks move at most one node on, so every node in
+    between is used."""
+    nodes = size if stride >= gpus_per_node else (size - 1) * stride // gpus_per_node + 1
+    return Span(size=size, per_node=size // nodes, nodes=nodes)
 
 
 def _progression(st: dict[str, int], degrees: dict[str, int], dims: tuple[str, ...]) -> tuple[int, int] | None:
@@ -108,10 +112,14 @@ GROUPS = ("tp", "cp", "ep", "pp", "edp", "dpcp")
 
 @lru_cache(maxsize=65536)
 def group_spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, gpus_per_node: int) -> tuple[Span, ...]:
-    """Spans of the GROUPS of a placement, in that order."""
+    """Spans of the GROUPS of a placement, in that order (each but dpcp one progression of
+    ranks, as in _span)."""
     degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
     st = strides(order, degrees)
-    return tuple(_span(order, degrees, st, ("cp", "dp") if g == "dpcp" else (g,), gpus_per_node) for g in GROUPS)
+    ep_stride = _ep_stride(st, degrees)
+    runs = ((st["tp"], tp), (st["cp"], cp), (ep_stride, ep), (st["pp"], pp), (ep_stride * ep, dp * cp // ep))
+    return (*(_run_span(stride, size, gpus_per_node) for stride, size in runs),
+            _span(order, degrees, st, ("cp", "dp"), gpus_per_node))
 
 
 def tiers(order: str, degrees: dict[str, int], gpus_per_node: int) -> dict[str, str]:

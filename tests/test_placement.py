@@ -58,3 +58,19 @@ def test_expert_groups_tile_the_data_parallel_ranks():
 
     degrees = {"tp": 2, "cp": 1, "dp": 4, "pp": 1, "ep": 2}
     assert rank_groups("tp-cp-ep-dp-pp", degrees, "ep") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+
+
+@pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-dp-cp-pp", "cp-tp-pp-dp"])
+def test_group_spans_equal_each_groups_span(order):
+    """group_spans (the search's fast path, one progression of ranks per group) gives each
+    group's span as span() finds it from the group's own dimensions, over degrees that put groups
+    within a node, across nodes, and straddling them."""
+    from planner.placement import GROUPS, group_spans
+
+    for tp, cp, dp, pp, ep in [(1, 1, 1, 1, 1), (2, 1, 4, 2, 1), (8, 1, 16, 4, 1), (4, 2, 6, 3, 2), (1, 4, 8, 2, 4),
+                               (2, 2, 15, 5, 3), (8, 2, 4, 2, 8), (1, 1, 64, 1, 16)]:
+        degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
+        for g in (1, 4, 8):
+            dims = {"dpcp": ("cp", "dp")}
+            expected = tuple(span(order, degrees, dims.get(name, (name,)), g) for name in GROUPS)
+            assert group_spans(order, tp, cp, dp, pp, ep, g) == expected, (degrees, g)
