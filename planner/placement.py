@@ -79,6 +79,7 @@ def _span(order: str, degrees: dict[str, int], st: dict[str, int], dims: tuple[s
     return Span(size=len(ranks), per_node=len(ranks) // nodes, nodes=nodes)
 
 
+@lru_cache(maxsize=65536)
 def _run_span(stride: int, size: int, gpus_per_node: int) -> Span:
     """Span of the ranks 0, stride, 2*stride, ... (size of them): with stride >= a node's GPUs
     each sits on its own node, else consecutive ranks move at most one node on, so every node in
