@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from planner.cost.step import estimate
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan
@@ -11,6 +13,10 @@ from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup, check_gpu_count, resolve_strategy
 from planner.units import bytes_to_gib
+
+SWEEP_CHUNK = 8
+"""GPU counts whose bounds a sweep computes together: more share the array work, fewer
+balance the processes better"""
 
 
 def _notes(cluster: Cluster, fits: bool = True, need_bytes: float = 0.0, proven_optimal: bool = True) -> list[str]:
@@ -47,12 +53,12 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
               attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
-              top: int = 3, progress=None) -> dict:
+              top: int = 3, progress=None, found=None) -> dict:
     """The plan document of the best strategy (InfeasibleError when nothing fits, SpecError when
-    no legal strategy satisfies the request)."""
+    no legal strategy satisfies the request; `found`: the search's bounds, computed beforehand)."""
     setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime)
     result = search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s, top=top,
-                    progress=progress)
+                    progress=progress, found=found)
     if result.best is None:
         if result.closest is None and result.pruned_memory == 0:
             raise SpecError(space.explain_empty(model, cluster, setup, constraints))
@@ -118,32 +124,65 @@ def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> di
             "fresh": fresh}
 
 
-def _sweep_entry(request: dict, gpus: int) -> dict:
+def _sweep_entry(request: dict, gpus: int, found=None) -> dict:
     from planner.errors import PlannerError
     try:
-        return {"gpus": gpus, "plan": make_plan(gpus=gpus, **request)}
+        return {"gpus": gpus, "plan": make_plan(gpus=gpus, found=found, **request)}
     except PlannerError as e:
         return {"gpus": gpus, "infeasible": str(e)}
 
 
+def _sweep_chunk(request: dict, counts: list[int]) -> list[dict]:
+    """The entries of some GPU counts, the bounds of the valid ones computed together
+    (driver.bound_sweep); a count that is not valid gets the entry that says why."""
+    from planner.errors import PlannerError
+    from planner.search.driver import bound_sweep
+
+    r, setups = request, {}
+    for n in counts:
+        try:
+            setups[n] = _setup(r["model"], r["cluster"], n, r["global_batch"], r["seq_len"], r["precision"],
+                               r["attention"], r["runtime"])
+        except PlannerError:
+            pass  # make_plan says why
+    try:
+        found = dict(zip(setups, bound_sweep(r["model"], r["cluster"], list(setups.values()), r["constraints"])
+                         if setups else []))
+    except PlannerError:
+        found = {}  # each count's search says why
+    return [_sweep_entry(request, n, found.get(n)) for n in counts]
+
+
+def _chunks(counts: list[int], global_batch: int, size: int) -> list[list[int]]:
+    """The counts in chunks of about `size`, the likely longest searches spread over them and
+    the chunks with the most of them first (no long chunk is left for the end): a count's
+    search grows with the data-parallel degrees that divide both it and the global batch."""
+    weight = {n: len(space.divisors(math.gcd(n, global_batch))) for n in counts}
+    ranked = sorted(counts, key=lambda n: -weight[n])
+    parts = max(1, -(-len(counts) // size))
+    chunks = [ranked[k::parts] for k in range(parts)]
+    return sorted(chunks, key=lambda c: -sum(weight[n] for n in c))
+
+
 def sweep(request: dict, counts: list[int], progress=None, workers: int | None = None) -> list[dict]:
     """One plan (or the reason there is none) per GPU count, searched in parallel processes (as
-    many as cores, at most 8); the entries come back in the order of `counts`."""
+    many as cores, at most 8) in chunks of counts whose bounds are computed together; the
+    entries come back in the order of `counts`."""
     import os
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     workers = workers or min(8, os.cpu_count() or 1, len(counts))
+    chunks = _chunks(counts, request["global_batch"], SWEEP_CHUNK)
+    entries: dict[int, dict] = {}
     if workers <= 1:
-        out = []
-        for k, n in enumerate(counts):
+        for chunk in chunks:
             if progress:
-                progress(k, len(counts), f"{n} GPUs")
-            out.append(_sweep_entry(request, n))
-        return out
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_sweep_entry, request, n) for n in counts]
-        for k, f in enumerate(futures):
-            if progress:
-                progress(k, len(counts), f"{counts[k]} GPUs")
-            f.result()
-        return [f.result() for f in futures]
+                progress(len(entries), len(counts), f"{len(entries)} of {len(counts)} counts")
+            entries.update((e["gpus"], e) for e in _sweep_chunk(request, chunk))
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for future in as_completed([pool.submit(_sweep_chunk, request, chunk) for chunk in chunks]):
+                entries.update((e["gpus"], e) for e in future.result())
+                if progress:
+                    progress(len(entries), len(counts), f"{len(entries)} of {len(counts)} counts")
+    return [entries[n] for n in counts]

@@ -676,3 +676,25 @@ def test_full_recompute_of_no_layer_is_listed_as_none():
     keys = {(c.strategy.dp, c.strategy.tp, c.strategy.pp, c.strategy.cp, c.strategy.micro_batch, c.strategy.zero,
              c.strategy.vpp) for c in listed}
     assert len(keys) == len(listed)  # no two differ in the recompute mode alone
+
+
+@pytest.mark.parametrize("constraints", [{}, {"recompute": "full", "tp": 2}])
+def test_a_sweep_in_chunks_plans_each_count_as_alone(constraints):
+    """A sweep bounds its GPU counts a chunk at a time (bound_counts): every entry, infeasible
+    ones and their reasons included, is the document planning that count alone gives, and the
+    chunks hold every count once."""
+    import json
+
+    from planner.planning import SWEEP_CHUNK, _chunks, _sweep_entry, sweep
+
+    model = ModelSpec(name="m", layers=12, hidden=2048, heads=16, ffn_hidden=8192, vocab=32000, seq_len=4096)
+    request = {"model": model, "cluster": CLUSTER, "global_batch": 96, "seq_len": 4096, "precision": "bf16",
+               "attention": "flash", "runtime": "any", "constraints": constraints, "top": 1}
+    counts = [8, 16, 24, 32, 40, 48, 56, 64, 72, 96, 12, 128]  # 12 does not fill whole nodes
+    chunks = _chunks(counts, 96, SWEEP_CHUNK)
+    assert sorted(n for c in chunks for n in c) == sorted(counts) and len(chunks) > 1
+
+    together = sweep(request, counts, workers=1)
+    assert [e["gpus"] for e in together] == counts
+    assert json.dumps(together) == json.dumps([_sweep_entry(request, n) for n in counts])
+    assert any("infeasible" in e for e in together) and any("plan" in e for e in together)

@@ -121,43 +121,54 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
     placements are enumerated in Python (one per degrees, ep and order); their micro-batches and
     recompute modes, and the keys the rows share (layer contexts, memory floors, p2p times), as
     arrays."""
-    g = min(cluster.gpus_per_node, setup.gpus)
+    return bound_counts(model, cluster, [setup], fixed, rules, progress)[0]
+
+
+def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup], fixed: dict,
+                 rules: space.RuntimeRules, progress=None) -> list[Bounds]:
+    """bound_all of setups that differ only in their GPU count (a sweep's), in one pass: the
+    candidates of all of them are bounded as one set of arrays (what costs is the number of
+    array operations more than their length), then sorted and split by setup; the Bounds of
+    each are those bound_all gives it alone."""
     modes = space.recompute_modes(fixed)
-    shape = _shape(replace(setup, gpus=1, global_batch=1, runtime="any"))
+    shape = _shape(replace(setups[0], gpus=1, global_batch=1, runtime="any"))
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
     span_ids: dict = {}
     layouts: dict = {}
     zero_sets: dict = {}
     placements: list = []
-    for tp, cp, pp, dp in space.degree_tuples(model, cluster, setup, fixed, rules):
-        if progress and len(placements) % 256 == 0:
-            progress(0, 0, f"bounding {len(placements):,} placements")
-        sp = fixed.get("sequence_parallel", tp > 1)
-        if sp and tp == 1:
-            continue  # sequence parallelism without tensor parallelism is no strategy
-        alone = tp == pp == cp == 1
-        zkey = (pp > 1, alone)
-        if zkey not in zero_sets:
-            zero_sets[zkey] = tuple(z for z in (rules.zero_with_pp if pp > 1 else rules.zero)
-                                    if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
-        zeros = zero_sets[zkey]
-        for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
-            placed = set()
-            for o, order in enumerate(orders):
-                spans = group_spans(order, tp, cp, dp, pp, ep, g)
-                duplicate = spans in placed  # another rank order that places every group alike
-                placed.add(spans)
-                placements.append(_Placement(tp, cp, pp, dp, ep, o, sp, _mask(zeros, ZEROS), len(zeros),
-                                             layouts.setdefault(spans[4:], len(layouts)),
-                                             span_ids.setdefault(spans[:3], len(span_ids)), spans[3].nodes > 1,
-                                             duplicate))
-    rows, vpp_sets, considered, dominated = _rows(model, setup, fixed, rules, modes, shape, placements)
+    for count, setup in enumerate(setups):
+        g = min(cluster.gpus_per_node, setup.gpus)
+        for tp, cp, pp, dp in space.degree_tuples(model, cluster, setup, fixed, rules):
+            if progress and len(placements) % 256 == 0:
+                progress(0, 0, f"bounding {len(placements):,} placements")
+            sp = fixed.get("sequence_parallel", tp > 1)
+            if sp and tp == 1:
+                continue  # sequence parallelism without tensor parallelism is no strategy
+            alone = tp == pp == cp == 1
+            zkey = (pp > 1, alone)
+            if zkey not in zero_sets:
+                zero_sets[zkey] = tuple(z for z in (rules.zero_with_pp if pp > 1 else rules.zero)
+                                        if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
+            zeros = zero_sets[zkey]
+            for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
+                placed = set()
+                for o, order in enumerate(orders):
+                    spans = group_spans(order, tp, cp, dp, pp, ep, g)
+                    duplicate = spans in placed  # another rank order that places every group alike
+                    placed.add(spans)
+                    placements.append(_Placement(count, tp, cp, pp, dp, ep, o, sp, _mask(zeros, ZEROS), len(zeros),
+                                                 layouts.setdefault(spans[4:], len(layouts)),
+                                                 span_ids.setdefault(spans[:3], len(span_ids)), spans[3].nodes > 1,
+                                                 duplicate))
+    rows, vpp_sets, considered, dominated = _rows(model, setups[0], fixed, rules, modes, shape, placements,
+                                                  len(setups))
     span_sets = list(span_ids)
     # 'full' reads the same layer context as 'none' (its base rows)
     base = np.array([space.RECOMPUTES.index(base_mode(mode)) for mode in modes])[rows["mode"]]
     keys, context_id = _keys(*(rows[k] for k in ("tp", "cp", "ep", "mb", "sp")), base, rows["span_set"])
     memories, memory_id = _keys(*(rows[k] for k in ("tp", "cp", "ep", "mb", "sp", "mode")))
-    link = (model, cluster, setup, rows["tp"], rows["cp"], rows["mb"], 1)
+    link = (model, cluster, setups[0], rows["tp"], rows["cp"], rows["mb"], 1)
     p2p = np.where(rows["pp"] > 1, np.where(rows["inter"], p2p_s(*link, True), p2p_s(*link, False)), 0.0)
     groups, group_id = _keys(rows["dp"], rows["cp"], rows["ep"])
     shards, eshards = np.array([state_shards(*k) for k in groups], dtype=np.int64).reshape(-1, 2)[group_id].T
@@ -173,9 +184,9 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
         return Table(reg, np.array([reg.id(tp, cp, ep, mb, bool(sp), space.RECOMPUTES[b], span_sets[s])
                                     for tp, cp, ep, mb, sp, b, s in used], dtype=np.int64))
 
-    return replace(_bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
-                               list(layouts), vpp_sets, considered, fixed.get("dp_overlap", True)),
-                   dominated=dominated)
+    found = _bound_rows(model, cluster, setups[0], rules, outer, table, keys, build, layers, list(layouts), vpp_sets,
+                        considered, fixed.get("dp_overlap", True))
+    return [replace(b, dominated=int(d)) for b, d in zip(found, dominated)]
 
 
 @lru_cache(maxsize=64)
@@ -189,6 +200,8 @@ def _shape(shape: TrainingSetup) -> TrainingSetup:
 class _Placement(NamedTuple):
     """One rank placement of bound_all (degrees, ep, rank order): what its candidate rows share."""
 
+    count: int
+    """index of its setup (bound_counts)"""
     tp: int
     cp: int
     pp: int
@@ -209,14 +222,16 @@ class _Placement(NamedTuple):
     """whether another rank order places every group alike"""
 
 
-def _rows(model, setup, fixed, rules, modes, shape, placements) -> tuple[dict, list, int, int]:
-    """The candidate rows of the placements (bound_all), in the order of a loop over placements,
-    then micro-batches, then recompute modes: columns by name, with the candidates they stand
-    for (times ZeRO stages and vpps) and those dominated (a duplicate placement; selective
-    recomputation that keeps the same activations as none), and the vpp sets the rows' 'vpps'
-    index."""
+def _rows(model, setup, fixed, rules, modes, shape, placements, setups: int) -> tuple[dict, list, np.ndarray,
+                                                                                   np.ndarray]:
+    """The candidate rows of the placements (bound_counts), in the order of a loop over
+    placements, then micro-batches, then recompute modes: columns by name, with the candidates
+    they stand for (times ZeRO stages and vpps) and those dominated (a duplicate placement;
+    selective recomputation that keeps the same activations as none) per setup, and the vpp
+    sets the rows' 'vpps' index."""
     if not placements:
-        return {k: np.zeros(0, dtype=int) for k in (*_Placement._fields, "mb", "mode", "m", "vpps")}, [], 0, 0
+        return ({k: np.zeros(0, dtype=int) for k in (*_Placement._fields, "mb", "mode", "m", "vpps")}, [],
+                np.zeros(setups, dtype=int), np.zeros(setups, dtype=int))
     block = dict(zip(_Placement._fields, np.array(placements, dtype=np.int64).T))
     mb_sets = {dp: np.array(space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch")),
                             dtype=np.int64) for dp in set(block["dp"].tolist())}
@@ -233,7 +248,7 @@ def _rows(model, setup, fixed, rules, modes, shape, placements) -> tuple[dict, l
                 for pp, m in pairs]
     rows["vpps"] = np.array(per_pair, dtype=np.int64)[pair_id]
     size = np.array([len(v) for v in vpp_ids])[rows["vpps"]] * rows["nzeros"]
-    considered = int(size.sum())
+    considered = np.bincount(rows["count"], weights=size, minlength=setups).astype(int)
     same = rows["dup"].astype(bool)
     if "selective" in modes and "none" in modes:
         # selective recomputation keeping the same memory as 'none' only adds time
@@ -242,7 +257,7 @@ def _rows(model, setup, fixed, rules, modes, shape, placements) -> tuple[dict, l
             shapes, shape_id = _keys(*(rows[k][sel] for k in ("tp", "cp", "mb", "sp")))
             saves = np.array([selective_saves_memory(model, shape, tp, cp, mb, bool(sp)) for tp, cp, mb, sp in shapes])
             same[sel[~saves[shape_id]]] = True
-    dominated = int(size[same].sum())
+    dominated = np.bincount(rows["count"][same], weights=size[same], minlength=setups).astype(int)
     keep = np.nonzero(~same & (size > 0))[0]
     return {k: v[keep] for k, v in rows.items()}, list(vpp_ids), considered, dominated
 
@@ -266,7 +281,7 @@ def _keys(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
     return list(map(tuple, cols[first[order]].tolist())), rank[inverse.reshape(-1)]
 
 
-_ROW = ("context", "layout", "pp", "shards", "eshards", "m", "p2p", "full", "zeros", "vpps", "memory",
+_ROW = ("count", "context", "layout", "pp", "shards", "eshards", "m", "p2p", "full", "zeros", "vpps", "memory",
         "tp", "cp", "dp", "ep", "mb", "mode", "order", "sp")
 """a candidate row's columns (bound_all): the bounds read the first ones, _Outer the knobs from tp on"""
 
@@ -292,26 +307,30 @@ class _Outer:
 
 
 def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers, layouts, vpp_sets, considered,
-                dp_overlap) -> Bounds:
-    """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring).
-    The memory floor comes first, from `layers` (cost/step.layer_memory per row's 'memory');
-    the layer contexts `keys` are priced (`build`) only for the candidates that pass it."""
+                dp_overlap) -> list[Bounds]:
+    """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring),
+    one Bounds per setup (the rows' 'count'). The memory floor comes first, from `layers`
+    (cost/step.layer_memory per row's 'memory'); the layer contexts `keys` are priced (`build`)
+    only for the candidates that pass it."""
     cap, L = cluster.gpu.memory_bytes, model.layers
     eff = cluster.efficiency
     vpp_domain = sorted({v for vpps in vpp_sets for v in vpps})
     if not len(table):
-        return Bounds(outer, *(np.zeros(0, dtype=int),) * 4, *(np.zeros(0),) * 3, considered, 0, float("inf"))
+        return [Bounds(outer, *(np.zeros(0, dtype=int),) * 4, *(np.zeros(0),) * 3, int(n), 0, float("inf"))
+                for n in considered]
+
     def column(name: str) -> np.ndarray:
         return table[:, _ROW.index(name)]
 
-    c, lay, pp, shards, eshards, m, mem = (column(k).astype(int) for k in ("context", "layout", "pp", "shards",
-                                                                          "eshards", "m", "memory"))
+    count, c, lay, pp, shards, eshards, m, mem = (column(k).astype(int) for k in ("count", "context", "layout", "pp",
+                                                                                 "shards", "eshards", "m", "memory"))
     p2p, full = column("p2p"), column("full").astype(bool)
     zmask = (column("zeros").astype(int)[:, None] >> np.arange(len(ZEROS))) & 1
     vmask = np.array([[v in vpps for v in vpp_domain] for vpps in vpp_sets], dtype=bool)[column("vpps").astype(int)]
     row, zi, vi = np.nonzero(zmask.astype(bool)[:, :, None] & vmask[:, None, :])
     z, v = np.array(ZEROS)[zi], np.array(vpp_domain, dtype=float)[vi]
-    c, lay, pp, shards, eshards, m, p2p, full, mem = (x[row] for x in (c, lay, pp, shards, eshards, m, p2p, full, mem))
+    count, c, lay, pp, shards, eshards, m, p2p, full, mem = (x[row] for x in (count, c, lay, pp, shards, eshards, m,
+                                                                              p2p, full, mem))
 
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
@@ -324,11 +343,13 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     saved = np.array([least for least, _ in layers])[mem]
     floor = L / inverse_in_flight_sum(least_state, saved, pp, m, v) + memory.RUNTIME_RESERVED_BYTES
     fits = floor * (1 - SAFETY) <= cap
-    pruned = int((~fits).sum())
-    least_floor = float(floor[~fits].min()) * (1 - SAFETY) if pruned else float("inf")
+    setups = len(considered)
+    pruned = np.bincount(count[~fits], minlength=setups)
+    least_floor = np.full(setups, np.inf)
+    np.minimum.at(least_floor, count[~fits], floor[~fits] * (1 - SAFETY))
     keep = np.nonzero(fits)[0]
-    row, z, v, c, lay, pp, shards, eshards, m, p2p, full, least_state, per_dense, per_expert = (
-        x[keep] for x in (row, z, v, c, lay, pp, shards, eshards, m, p2p, full, least_state,
+    row, z, v, count, c, lay, pp, shards, eshards, m, p2p, full, least_state, per_dense, per_expert = (
+        x[keep] for x in (row, z, v, count, c, lay, pp, shards, eshards, m, p2p, full, least_state,
                           per_dense, per_expert))
     floor = floor[keep]
     used, c = np.unique(c, return_inverse=True)
@@ -357,15 +378,18 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
         bottleneck[f] = np.maximum(bottleneck[f], even_split_max(ctx, c[f], pp[f], v[f], L) + p2p[f] * v[f])
     pipe = pipeline_floor_s(bottleneck, sigma, m, v)
     bound = pipe + opt * (1 - SAFETY)
-    order = np.argsort(bound, kind="stable")
+    # each setup's candidates by bound (a stable sort: ties in the order they were generated)
+    order = np.lexsort((bound, count))
+    ends = np.searchsorted(count[order], np.arange(setups + 1))
     refiner = Refiner(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
                       mixed_layers=width > 1, one_kind=int(layer_kind_index(model).max()) == 0, c=c, lay=lay,
                       pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards, eshards=eshards, sigma=sigma, rec=rec,
                       least_state=least_state, per_dense=per_dense, per_expert=per_expert, bottleneck=bottleneck,
                       p2p=p2p, full=full, fixed=fixed)
-    return Bounds(outer=outer, row=row[order], pp=pp[order], zero=z[order], vpp=v[order].astype(int),
-                  floor_bytes=floor[order], bound_s=bound[order], pipe_s=pipe[order], considered=considered,
-                  pruned_memory=pruned, least_floor_bytes=least_floor, refiner=refiner, order=order)
+    return [Bounds(outer=outer, row=row[o], pp=pp[o], zero=z[o], vpp=v[o].astype(int), floor_bytes=floor[o],
+                   bound_s=bound[o], pipe_s=pipe[o], considered=int(considered[k]), pruned_memory=int(pruned[k]),
+                   least_floor_bytes=float(least_floor[k]), refiner=refiner, order=o)
+            for k, o in enumerate(order[a:b] for a, b in zip(ends[:-1], ends[1:]))]
 
 
 def even_split_max(ctx: Table, c: np.ndarray, pp: np.ndarray, v: np.ndarray, layers: int) -> np.ndarray:

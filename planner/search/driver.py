@@ -111,25 +111,39 @@ def infeasible_message(result: SearchResult, cluster: Cluster) -> str:
 
 
 def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict | None = None,
-           solver: str = "highs", time_limit_s: float = 10.0, top: int = 3, progress=None) -> SearchResult:
-    """Best strategy in the space of search/space.py honouring the `fixed` knobs."""
+           solver: str = "highs", time_limit_s: float = 10.0, top: int = 3, progress=None,
+           found: bounds.Bounds | None = None) -> SearchResult:
+    """Best strategy in the space of search/space.py honouring the `fixed` knobs (`found`: its
+    bounds, when bound_sweep has bounded several GPU counts at once)."""
     # the search allocates many small objects that live on in the cost model's caches; the cyclic
     # collector would walk them again and again (about 5% of a search). Any cycles left behind
     # are collected once it runs again.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress)
+        return _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found)
     finally:
         if enabled:
             gc.enable()
 
 
-def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress) -> SearchResult:
+def _constraints(fixed: dict | None) -> dict:
+    """The knobs a request fixes (a None value leaves the knob free)."""
+    return {k: v for k, v in (fixed or {}).items() if v is not None}
+
+
+def bound_sweep(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup],
+                fixed: dict | None = None) -> list[bounds.Bounds]:
+    """The bounds of the searches of setups that differ only in their GPU count, computed
+    together (bounds.bound_counts), for search(found=...)."""
+    return bounds.bound_counts(model, cluster, setups, _constraints(fixed), space.RUNTIME_RULES[setups[0].runtime])
+
+
+def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found) -> SearchResult:
     start = time.perf_counter()
-    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    fixed = _constraints(fixed)
     rules = space.RUNTIME_RULES[setup.runtime]
-    found_bounds = bounds.bound_all(model, cluster, setup, fixed, rules, progress)
+    found_bounds = found if found is not None else bounds.bound_all(model, cluster, setup, fixed, rules, progress)
     total = len(found_bounds.bound_s)
     if progress:
         progress(0, total, "pricing")
