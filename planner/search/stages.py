@@ -60,24 +60,26 @@ def _skew(cost: np.ndarray) -> np.ndarray:
     return np.where(inside, out, INF)
 
 
-def _chain(skewed: np.ndarray, combine) -> tuple[float, list[np.ndarray]]:
+def _chain(skewed: np.ndarray, combine) -> tuple:
     """The recursion over stages both programmes share, on _skew's layout: best[i][b] = min_n
     combine(best[i-1][b-n], skewed[i, n-1, b]) with stage 0 starting at layer 0; returns the
-    value at b = L and each later stage's table of combined values (for the cut points)."""
-    p, width, n1 = skewed.shape
+    value at b = L and each later stage's table of combined values (for the cut points).
+    Tables (p, k, width, L+1) run k recursions at once (values: an array of k)."""
+    p, *batch, width, n1 = skewed.shape
     lengths = np.arange(1, min(width, n1 - 1) + 1)
     # best[i-1] after `width` INF: row n-1 of `shifted` is best[i-1][b-n] (INF where b < n), a
     # view that follows every update of `padded`
-    padded = np.full(width + n1, INF)
-    padded[width + lengths] = skewed[0, lengths - 1, lengths]
+    padded = np.full((*batch, width + n1), INF)
+    padded[..., width + lengths] = skewed[0][..., lengths - 1, lengths]
     step = padded.itemsize
-    shifted = np.ndarray((width, n1), padded.dtype, padded, (width - 1) * step, (-step, step))
+    shifted = np.ndarray((*batch, width, n1), padded.dtype, padded, (width - 1) * step,
+                         (*padded.strides[:-1], -step, step))
     totals = []
     for i in range(1, p):
         total = combine(shifted, skewed[i])  # INF where the stage cannot end at b
         totals.append(total)
-        padded[width:] = total.min(axis=0)
-    return float(padded[-1]), totals
+        padded[..., width:] = total.min(axis=-2)
+    return (padded[..., -1].copy() if batch else float(padded[-1])), totals
 
 
 def _shortest(skewed: np.ndarray) -> tuple[float, list[int]]:
@@ -110,22 +112,23 @@ class _Options:
                 least_tail = np.minimum.accumulate(np.where(valid_s, tail_s, INF), axis=-1)
                 keep = valid_s & np.concatenate([np.ones(shape + (1,), dtype=bool),
                                                  tail_s[..., 1:] < least_tail[..., :-1]], axis=-1)
-        if width == 1:
-            count, self.first = keep[..., 0].astype(int), np.zeros(shape, dtype=int)
+        self.shape = shape
+        if width == 1:  # one option a cell: no runs
+            self.first = np.zeros(shape, dtype=int)
             self.t1, self.tail1 = np.where(keep[..., 0], t_s[..., 0], INF), np.where(keep[..., 0], tail_s[..., 0], INF)
-        else:
-            count = keep.sum(axis=-1)
-            self.first = np.argmax(keep, axis=-1)
-            single, pick = count == 1, self.first[..., None]
-            self.t1 = np.where(single, np.take_along_axis(t_s, pick, axis=-1)[..., 0], INF)
-            self.tail1 = np.where(single, np.take_along_axis(tail_s, pick, axis=-1)[..., 0], INF)
+            self.multi, self.t_e, self.tail_e = np.zeros(0, dtype=int), np.zeros(0), np.zeros(0)
+            return
+        count = keep.sum(axis=-1)
+        self.first = np.argmax(keep, axis=-1)
+        single, pick = count == 1, self.first[..., None]
+        self.t1 = np.where(single, np.take_along_axis(t_s, pick, axis=-1)[..., 0], INF)
+        self.tail1 = np.where(single, np.take_along_axis(tail_s, pick, axis=-1)[..., 0], INF)
         self.multi = np.flatnonzero(count > 1)
         kept = keep.reshape(-1, width)[self.multi]
         self.t_e = t_s.reshape(-1, width)[self.multi][kept]
         self.tail_e = tail_s.reshape(-1, width)[self.multi][kept]
         self.option_e = np.nonzero(kept)[1]
         self.starts = np.concatenate([[0], np.cumsum(kept.sum(axis=1))[:-1]]).astype(int)
-        self.shape = shape
 
     def least(self, T: float, U: float) -> tuple[np.ndarray, np.ndarray | None]:
         """Per cell, the least t among its options with t <= T and tail <= U (INF when none);
@@ -195,8 +198,8 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
         return None
     best_step, best_bounds, sigma_min, _, _, best_options = free
     # Exact floors: the least bottleneck and the least largest tail any feasible split can have.
-    t_floor = _chain(options.least(INF, INF)[0], np.maximum)[0]
-    u_floor = _chain(options.least_tail(), np.maximum)[0]
+    t_floor, u_floor = _chain(np.stack([options.least(INF, INF)[0], options.least_tail()], axis=1),
+                              np.maximum)[0].tolist()
     if (microbatches - 1) * t_floor + sigma_min + u_floor >= cutoff:
         return None
     # the thresholds are values of t and tail; only those inside the first window (below) can
