@@ -603,6 +603,29 @@ def test_splits_and_counts_chosen_together_where_the_relaxed_split_falls_short()
     assert _price(prof, rules, "highs", 10.0)[0].step_time_s == together.step_time_s
 
 
+@pytest.mark.parametrize("memory_gib", [2.6, 2.8, 3.2, 3.6])
+def test_full_candidate_no_split_beats_is_priced_at_counts_that_fit(memory_gib):
+    """When the split DP proves that no split or count of a 'full' candidate beats the cutoff,
+    the candidate is priced on the even split at each stage's least count that fits, so it fits
+    exactly when some counts of the even split do (a candidate that could fit is never reported
+    as not fitting)."""
+    from planner.cost.step import profile
+    from planner.search.driver import _price
+
+    model = ModelSpec(name="m", layers=8, hidden=1024, heads=8, ffn_hidden=4096, vocab=32000, seq_len=4096)
+    cluster = _tight_cluster(memory_gib)
+    setup = TrainingSetup(gpus=3, global_batch=24, seq_len=4096)
+    s = Strategy(dp=1, tp=1, pp=3, cp=1, micro_batch=1, zero=1, recompute="full", sequence_parallel=False)
+    cand, _ = _price(profile(model, cluster, setup, s), space.RUNTIME_RULES["any"], "highs", 10.0, best_s=1e-9)
+    even = [(0, 3), (3, 6), (6, 8)]
+    assert cand.bounds == tuple(even)
+    fitting = [c for c in itertools.product(range(4), range(4), range(3))
+               if estimate(model, cluster, setup, s, bounds=even, recompute_layers=c).fits]
+    assert cand.fits == bool(fitting)
+    if fitting:
+        assert cand.recompute_layers == tuple(min(c[i] for c in fitting) for i in range(3))
+
+
 @pytest.mark.parametrize("layers_recomputed", [1, 2])
 def test_a_fixed_recompute_count_is_honoured_on_free_splits(layers_recomputed):
     """--recompute-layers fixes every stage's count (at most its layers): the split DP must

@@ -369,9 +369,10 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
         found = _ends_split(prof, cap)
     if found is None:  # nothing fits or beats the cutoff: the even split says by how much
         if free_split and plain is None:
-            # under 'full', no split and no counts fit or beat the cutoff (the DP's proof): what
-            # is left to say is how far from fitting, at the least memory (every layer recomputed)
-            return _candidate(prof, even, None), stats
+            # under 'full', no split and no counts fit or beat the cutoff (the DP's proof): no
+            # count choice is needed, only a price that fits where one does (each stage's least
+            # count that fits; every layer recomputed where some stage fits at no count)
+            return _candidate(prof, even, _least_fitting(prof, even, cap)), stats
         return plain or _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats), stats
     cand = _with_counts(prof, found.bounds, rules, cap, solver, time_limit_s, best_s, stats)
     if s.recompute == "full" and s.recompute_layers is None:
@@ -523,6 +524,14 @@ def _count_options(prof, i, a, n, width, least, at_least, fits, least_tail):
         times[vary] = np.broadcast_to(terms["t"], ok[vary].shape)
         tails[vary] = np.broadcast_to(terms["tail"], ok[vary].shape)
     return times, tails, ok
+
+
+def _least_fitting(prof, split, cap) -> tuple[int, ...] | None:
+    """Each stage's least count of recomputed layers that fits on `split`, or None (every layer
+    recomputed) when some stage fits at no count."""
+    chunks, sizes = chunk_arrays(list(split), prof.strategy.pp)
+    least, fits = _least_counts(prof, np.arange(prof.strategy.pp), chunks, sizes, cap)
+    return tuple(least.tolist()) if fits.all() else None
 
 
 def _least_counts(prof, i, rng, n, cap):
