@@ -190,13 +190,25 @@ def _local(linears: tuple[Linear, ...], tp: int, bias: bool) -> float:
     return total
 
 
+@lru_cache(maxsize=4096)
+def _layer_weights(layer: Layer) -> tuple[float, float, float, float]:
+    """(weights, biases) of a layer's dense linears (attention and MLP), then of one expert's."""
+    return (*_linear_params(layer.attn_linears + layer.mlp_linears, layer.bias),
+            *_linear_params(layer.expert_linears, layer.bias))
+
+
+@lru_cache(maxsize=4096)
+def _dense_local(layer: Layer, tp: int) -> float:
+    """_local of a layer's dense linears (attention and MLP)."""
+    return _local(layer.attn_linears + layer.mlp_linears, tp, layer.bias)
+
+
 def layer_params(layer: Layer) -> float:
     """All parameters of a layer: linears (and biases), norms, router, all experts."""
     if layer.explicit is not None:
         return layer.explicit[1]
-    w, b = _linear_params(layer.attn_linears + layer.mlp_linears, layer.bias)
+    w, b, ew, eb = _layer_weights(layer)
     norm = 2 * layer.hidden * (2 if layer.norm == "layernorm" else 1)
-    ew, eb = _linear_params(layer.expert_linears, layer.bias)
     router = layer.hidden * layer.experts
     return w + b + norm + layer.experts * (ew + eb) + router
 
@@ -254,14 +266,12 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     elementwise = norm_rw + bias_dropout_add + act_rw + rope_rw + permute_rw
 
     saved = _saved(layer, ctx, tokens, rep, q_local, kv_local, score_elems, expert_tokens)
-    params_local = (_local(layer.attn_linears + layer.mlp_linears, tp, layer.bias)
-                    + 2 * h * (2 if layer.norm == "layernorm" else 1) + h * layer.experts)
-    ew, eb = _linear_params(layer.expert_linears, layer.bias)
+    params_local = _dense_local(layer, tp) + 2 * h * (2 if layer.norm == "layernorm" else 1) + h * layer.experts
+    dense_w, _, ew, eb = _layer_weights(layer)
     expert_local_all = layer.experts * (ew + eb) / (tp * ctx.ep)
-    gemm_weights = _linear_params(layer.attn_linears + layer.mlp_linears, False)[0] + layer.experts * ew
+    gemm_weights = dense_w + layer.experts * ew
 
-    model_flops = (2 * b * s * (_linear_params(layer.attn_linears + layer.mlp_linears, False)[0]
-                                + layer.top_k * ew + h * layer.experts)
+    model_flops = (2 * b * s * (dense_w + layer.top_k * ew + h * layer.experts)
                    + 2 * b * s * s * layer.q_heads * (layer.d_qk + layer.d_v))
     return Work(
         gemms=tuple(gemms), attn_flops=attn_flops, attn_intensity=attn_int, elementwise_bytes=elementwise,
