@@ -16,7 +16,8 @@ front of (max t, max tail, sum t) from (inf, inf), pruning every branch whose le
 step, (m - 1) * (least feasible T) + sum t + (least feasible U), cannot beat the best found, and
 clamping both thresholds to the window where a split could still beat it: T <= (best - least
 sum t - least U) / (m - 1) and U <= best - (m - 1) * (least T) - least sum t; the thresholds
-are values of t and tail inside that window. With several options per range (a last axis, such
+are values of t and tail inside that window. The best found starts from the programmes at
+(inf, inf) and at (least feasible T, inf). With several options per range (a last axis, such
 as how many layers recompute), a range takes its least t among the options under the
 thresholds, and an option that another matches or beats in both t and tail is dropped. The
 result is the exact optimum over all contiguous splits whose stages hold at most N layers,
@@ -196,12 +197,18 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
     free = solve(INF, INF)
     if free is None:
         return None
-    best_step, best_bounds, sigma_min, _, _, best_options = free
+    best_step, best_bounds, sigma_min, free_t_max, _, best_options = free
     # Exact floors: the least bottleneck and the least largest tail any feasible split can have.
     t_floor, u_floor = _chain(np.stack([options.least(INF, INF)[0], options.least_tail()], axis=1),
                               np.maximum)[0].tolist()
     if (microbatches - 1) * t_floor + sigma_min + u_floor >= cutoff:
         return None
+    # the least sum t under the least bottleneck: where sum t hardly depends on the split (a
+    # chain of equal layers) it is near the best, and the window below narrows at once
+    if free_t_max > t_floor:
+        found = solve(t_floor, INF)
+        if found is not None and found[0] < best_step:
+            best_step, best_bounds, _, _, _, best_options = found
     # the thresholds are values of t and tail; only those inside the first window (below) can
     # serve, since the window only narrows as the best improves
     limit = min(best_step, cutoff)
