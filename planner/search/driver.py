@@ -537,8 +537,8 @@ def _least_fitting(prof, split, cap) -> tuple[int, ...] | None:
 def _least_counts(prof, i, rng, n, cap):
     """Per stage and range, the least count of fully recomputed layers that fits, and whether
     any does. Memory falls with every recomputed layer beyond the first (the first adds the
-    rebuild buffer), so a bisection over 1..n finds it, for the ranges that do not fit with
-    none."""
+    rebuild buffer), so a bisection over 1..n finds it, for the ranges that do not fit with no
+    layer recomputed."""
     none = np.broadcast_to(stage_memory_bytes(prof, i, rng, 0) <= cap, n.shape)
     need = np.nonzero(~none)
     i, n = np.broadcast_to(i, n.shape)[need], n[need]
