@@ -61,6 +61,8 @@ def _solve_highs(prob: pulp.LpProblem, time_limit_s: float) -> tuple[dict, bool]
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", 0.0)
+    h.setOptionValue("mip_abs_gap", 0.0)
     inf = h.getInfinity()
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = len(variables), len(prob.constraints)
