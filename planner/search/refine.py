@@ -419,12 +419,16 @@ class Refiner:
     def _sums(self, j: np.ndarray, chunks: list):
         """total(key): the prefix sums of candidates j's contexts summed over `chunks`
         [(a, b), ...] (arrays broadcasting to (candidates, options...)); end(key): an end term,
-        shaped to broadcast likewise."""
+        shaped to broadcast likewise. Each key's sums are computed once (memory prices the same
+        ranges several times); callers do not write into them."""
         rows = self.c[j].reshape(-1, *(1,) * (max(np.ndim(b) for _, b in chunks) - 1))
+        sums: dict = {}
 
         def total(key):
-            prefix = self.ctx.prefix(key)
-            return sum(prefix[rows, b] - prefix[rows, a] for a, b in chunks)
+            if key not in sums:
+                prefix = self.ctx.prefix(key)
+                sums[key] = sum(prefix[rows, b] - prefix[rows, a] for a, b in chunks)
+            return sums[key]
 
         def end(key):
             return self.ctx.col(key)[rows]
