@@ -381,6 +381,12 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
             "recompute_layers": sums["n_rec"]}
 
 
+def busy_s(comp, rec, tp, cp, ep):
+    """Time per micro-batch of layers (or a stage) before p2p and ZeRO-2/3 traffic: compute,
+    recomputation, and the exposed tp, cp and ep collectives. Arrays broadcast."""
+    return comp + rec + tp + cp + ep
+
+
 def _stage_time(prof: Profile, i, sums: dict) -> tuple:
     """(compute, tp traffic, time per micro-batch without ZeRO-2/3 traffic) of stage i holding
     the layers `sums` sums up (_stage_sums): the first stage adds the embedding's, the last the
@@ -388,7 +394,7 @@ def _stage_time(prof: Profile, i, sums: dict) -> tuple:
     E, first, last = prof.ends, np.equal(i, 0), np.equal(i, prof.strategy.pp - 1)
     comp = sums["comp"] + first * E["emb_comp"] + last * E["head_comp"]
     tp = sums["tp"] + first * E["emb_tp"] + last * E["head_tp"]
-    return comp, tp, comp + sums["rec"] + tp + sums["cp"] + sums["ep"] + prof.p2p_s
+    return comp, tp, busy_s(comp, sums["rec"], tp, sums["cp"], sums["ep"]) + prof.p2p_s
 
 
 def stage_time_floor_s(prof: Profile, i, chunks):

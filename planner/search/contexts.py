@@ -11,7 +11,13 @@ import numpy as np
 
 from planner.cost import comm
 from planner.cost.pipeline import even_chunks
-from planner.cost.step import LAYER_ROWS, context_tables, layer_kind_index, layer_memory
+from planner.cost.step import (
+    LAYER_ROWS,
+    busy_s,
+    context_tables,
+    layer_kind_index,
+    layer_memory,
+)
 from planner.placement import Span
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
@@ -46,9 +52,9 @@ class Context:
 
 
 def _stage_time(rows: dict):
-    """A layer's stage time without the terms that need ZeRO, recompute counts or p2p: compute,
-    the base mode's recomputation and tp/cp/ep traffic (rows per kind, or their prefix sums)."""
-    return rows["comp"] + rows["rec_b"] + rows["tp"] + rows["cp"] + rows["ep"]
+    """A layer's stage time without the terms that need ZeRO, recompute counts or p2p
+    (cost/step.busy_s with the base mode's recomputation; rows per kind, or their prefix sums)."""
+    return busy_s(rows["comp"], rows["rec_b"], rows["tp"], rows["cp"], rows["ep"])
 
 
 def major(K: dict, model: ModelSpec) -> tuple:
