@@ -289,9 +289,15 @@ class Refiner:
         """Per candidate, whether every stage of the even split fits at its least (as in fits)."""
         memory, _ = self._even_memory(j, p, v)
         kept = memory("saved_b", False)
-        full = self.full[j]
-        least = np.where(full[:, None], np.minimum(kept, memory("saved_f", True)), kept) if full.any() else kept
+        least = self._least_memory(j, kept, memory("saved_f", True)) if self.full[j].any() else kept
         return np.all(least * (1 - SAFETY) <= self.cluster.gpu.memory_bytes, axis=1)
+
+    def _least_memory(self, j: np.ndarray, kept: np.ndarray, rebuilt: np.ndarray) -> np.ndarray:
+        """A stage's least memory, `kept` (no layer recomputed) shaped (candidates, ...): under
+        'full', the lesser of that and `rebuilt` (every layer recomputed, with the rebuild
+        buffer)."""
+        full = self.full[j].reshape(-1, *(1,) * (kept.ndim - 1))
+        return np.where(full, np.minimum(kept, rebuilt), kept)
 
     def _split_exists(self, j: np.ndarray, p: int) -> np.ndarray:
         """Per candidate, whether some contiguous split into p stages of at most stage_width
@@ -311,7 +317,7 @@ class Refiner:
             if not self.full[j].any():
                 return kept
             rebuilt = self._memory(j, total, end, first, last, inflight, "saved_f", True)
-            return np.where(self.full[j].reshape(-1, *(1,) * (kept.ndim - 1)), np.minimum(kept, rebuilt), kept)
+            return self._least_memory(j, kept, rebuilt)
 
         def fits(memory):
             return memory * (1 - SAFETY) <= cap
@@ -339,11 +345,10 @@ class Refiner:
 
             kept = [middle("saved_b", False, k) for k in (0.0, 1.0)]
             rebuilt = [middle("saved_f", True, k) for k in (0.0, 1.0)]
-            full = self.full[j][:, None, None]
             for stage in range(1, p - 1):
                 k = in_flight(stage, p, self.m[j], 1)[:, None, None]
-                memory = kept[0] + k * (kept[1] - kept[0])
-                memory = np.where(full, np.minimum(memory, rebuilt[0] + k * (rebuilt[1] - rebuilt[0])), memory)
+                memory = self._least_memory(j, kept[0] + k * (kept[1] - kept[0]),
+                                            rebuilt[0] + k * (rebuilt[1] - rebuilt[0]))
                 ok = valid & fits(memory)
                 nxt = np.zeros_like(reach)
                 for size in range(1, width + 1):
