@@ -30,7 +30,10 @@ CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
 """published runs no fit may use: out-of-sample checks shown by `planner validate`"""
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
-            "analytic_reference", "confidence")
+            "analytic_reference", "confidence", "runtime", "runtime_version")
+RUN_RUNTIMES = ("megatron", "deepspeed", "torchtitan", "nanotron", "composer", "other")
+"""the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron;
+Megatron-DeepSpeed as deepspeed; MosaicML llm-foundry as composer)"""
 UNKNOWN_KNOBS = ("micro_batch", "recompute", "vpp", "zero", "sequence_parallel")
 
 
@@ -47,6 +50,9 @@ class Run:
     step_time_s: float
     measured: dict
     analytic_reference: dict | None
+    runtime: str = "other"
+    """RUN_RUNTIMES: what ran it, for overheads that differ by runtime"""
+    runtime_version: str = ""
 
 
 def load_runs(path: Path | None = None) -> list[Run]:
@@ -83,7 +89,8 @@ def load_runs(path: Path | None = None) -> list[Run]:
             f.raw(key, "")
         runs.append(Run(id=run_id, source=f.str("source"), model=model, cluster=cluster, setup=setup,
                         strategy=strategy, unknown=unknown, step_time_s=f.float("step_time_s"),
-                        measured=dict(f.raw("measured", {})), analytic_reference=f.raw("analytic_reference", None)))
+                        measured=dict(f.raw("measured", {})), analytic_reference=f.raw("analytic_reference", None),
+                        runtime=f.choice("runtime", RUN_RUNTIMES, "other"), runtime_version=str(f.raw("runtime_version", ""))))
         f.reject_unknown(RUN_KEYS)
     return runs
 
