@@ -10,15 +10,21 @@ them (stride tp), and expert data parallelism the rest.
 from __future__ import annotations
 
 from functools import lru_cache
+from math import gcd
 from typing import NamedTuple
+
+import numpy as np
 
 DENSE_DIMS = ("tp", "cp", "dp", "pp")
 
 
 class Span(NamedTuple):
-    """How one group of `size` ranks sits on nodes: `per_node` of its ranks share a node. A
-    named tuple: the search keys its caches and dictionaries by spans many thousands of times,
-    and a tuple hashes and compares in C."""
+    """How one group of `size` ranks sits on nodes: it uses `nodes` nodes, and `per_node` is the
+    fewest of its ranks on any one of them (every node when the group spreads evenly). The
+    fewest sets the inter-node phase of a hierarchical collective: each node's share leaves on
+    its ranks' own NICs, so the node with the fewest ranks sends the most per NIC
+    (cost/comm.py). A named tuple: the search keys its caches and dictionaries by spans many
+    thousands of times, and a tuple hashes and compares in C."""
 
     size: int
     per_node: int
@@ -27,6 +33,28 @@ class Span(NamedTuple):
     @property
     def tier(self) -> str:
         return "intra_node" if self.nodes == 1 else "inter_node"
+
+
+def slowness(s: Span) -> tuple[float, int, int]:
+    """The order in which groups of one size are slower: first the bytes each GPU sends over
+    its NIC per byte of message in the inter-node phase, (nodes - 1) / (nodes * per_node) (the
+    term that dominates whenever a group crosses nodes: cost/comm.py), then more nodes (more
+    inter-node latency), then more ranks a node (a longer intra-node phase)."""
+    return (s.nodes - 1) / (s.nodes * s.per_node), s.nodes, s.per_node
+
+
+def worst(spans) -> Span:
+    """The slowest of some groups' spans (`slowness`): a collective over every group of a kind
+    runs at once and takes as long as its slowest group."""
+    return max(spans, key=slowness)
+
+
+def span_of(ranks, gpus_per_node: int) -> Span:
+    """The span of one group given as its ranks."""
+    counts: dict = {}
+    for r in ranks:
+        counts[r // gpus_per_node] = counts.get(r // gpus_per_node, 0) + 1
+    return Span(size=len(ranks), per_node=min(counts.values()), nodes=len(counts))
 
 
 @lru_cache(maxsize=64)
@@ -62,9 +90,14 @@ def _ep_stride(st: dict[str, int], degrees: dict[str, int]) -> int:
     return min(st["dp"], st["cp"]) if degrees["cp"] > 1 else st["dp"]
 
 
+def _total(degrees: dict[str, int]) -> int:
+    return degrees["tp"] * degrees["cp"] * degrees["dp"] * degrees["pp"]
+
+
 def _span(order: str, degrees: dict[str, int], st: dict[str, int], dims: tuple[str, ...],
           gpus_per_node: int) -> Span:
-    """Span of the group over `dims` (see span), with the order's strides `st`."""
+    """Span of the slowest group over `dims` (see span), with the order's strides `st`."""
+    total = _total(degrees)
     if dims == ("edp",):
         # expert data parallel: dp*cp/ep ranks, stride ep inside the dp*cp block
         progression = _ep_stride(st, degrees) * degrees["ep"], degrees["dp"] * degrees["cp"] // degrees["ep"]
@@ -73,19 +106,80 @@ def _span(order: str, degrees: dict[str, int], st: dict[str, int], dims: tuple[s
     else:
         progression = _progression(st, degrees, dims)
     if progression is not None:
-        return _run_span(*progression, gpus_per_node)
-    ranks = group_of_rank0(order, degrees, dims)
-    nodes = len({r // gpus_per_node for r in ranks})
-    return Span(size=len(ranks), per_node=len(ranks) // nodes, nodes=nodes)
+        return _run_span(*progression, gpus_per_node, total)
+    return _lattice_span(order, degrees, st, dims, gpus_per_node)
+
+
+def _lattice_span(order: str, degrees: dict[str, int], st: dict[str, int], dims: tuple[str, ...],
+                  gpus_per_node: int) -> Span:
+    """The slowest group over two dimensions whose strides do not chain (cp and dp apart in the
+    order, as in tp-cp-pp-dp): blocks of `inner` ranks at stride a, `outer` of them at stride S."""
+    inner, outer = sorted(dims, key=st.__getitem__)
+    G = gpus_per_node
+    starts = {0}
+    for d in DENSE_DIMS:
+        if d not in dims:  # a base's place in its node: the other dimensions' offsets mod G
+            starts = {(x + i * st[d]) % G for x in starts for i in range(min(degrees[d], G))}
+    return _blocks_span(st[inner], degrees[inner], st[outer], degrees[outer], G, frozenset(starts))
+
+
+@lru_cache(maxsize=4096)
+def _blocks_span(a: int, inner: int, S: int, outer: int, G: int, starts: frozenset) -> Span:
+    """Span of the slowest group r + i*a + j*S (i < inner, j < outer, S > a*inner) over the
+    bases' places r in a node. Block j + P, P = G / gcd(S, G), sits where block j does, L = P*S/G
+    nodes on, and blocks more than K apart never share a node, so past the first and before the
+    last few blocks the pattern of ranks a node repeats with every P blocks: a group of J blocks
+    with J = outer (mod P) and J large enough has the same fewest ranks a node, and adds a fixed
+    number of nodes per P blocks."""
+    P = G // gcd(S, G)
+    K = max(0, -(-(G + (inner - 1) * a) // S))
+    least = 3 * P + 2 * K + 2
+    J = outer if outer <= least + P else least + (outer - least) % P
+    offsets = (a * np.arange(inner))[None, :] + (S * np.arange(J))[:, None]
+    spans = []
+    for r in sorted(starts):
+        nodes = (r + offsets.ravel()) // G
+        used, counts = np.unique(nodes, return_counts=True)
+        n = len(used)
+        if J < outer:  # nodes the last P blocks add, repeated for the blocks left out
+            fewer = len(np.unique(nodes[: (J - P) * inner]))
+            n += (outer - J) // P * (n - fewer)
+        spans.append(Span(size=inner * outer, per_node=int(counts.min()), nodes=int(n)))
+    return worst(spans)
 
 
 @lru_cache(maxsize=65536)
-def _run_span(stride: int, size: int, gpus_per_node: int) -> Span:
-    """Span of the ranks 0, stride, 2*stride, ... (size of them): with stride >= a node's GPUs
-    each sits on its own node, else consecutive ranks move at most one node on, so every node in
-    between is used."""
-    nodes = size if stride >= gpus_per_node else (size - 1) * stride // gpus_per_node + 1
-    return Span(size=size, per_node=size // nodes, nodes=nodes)
+def _run_span(stride: int, size: int, gpus_per_node: int, total: int) -> Span:
+    """Span of the slowest group of `size` ranks b, b + stride, b + 2*stride, ..., for every
+    base b = o + k * stride * size (o < stride) of `total` ranks: the groups of one dimension (or
+    of dimensions whose strides chain). With stride >= a node's GPUs each rank sits on its own
+    node. Else a group fills every node from its first rank's to its last, and how many of its
+    ranks each holds depends only on where the base falls in its node (b mod gpus_per_node)."""
+    G = gpus_per_node
+    if size <= 1 or G <= 1:
+        return Span(size=size, per_node=1 if G <= 1 else size, nodes=size if G <= 1 else 1)
+    if stride >= G:
+        return Span(size=size, per_node=1, nodes=size)
+    block = stride * size
+    blocks = min(max(total // block, 1), G // gcd(block, G))
+    starts = {(o + k * block) % G for k in range(blocks) for o in range(stride)}
+    return worst(_offset_span(r, stride, size, G) for r in starts)
+
+
+@lru_cache(maxsize=65536)
+def _offset_span(r: int, stride: int, size: int, G: int) -> Span:
+    """Span of the ranks r, r + stride, ..., (size of them; stride < G, r < G) on nodes of G:
+    node j holds the ranks in [j*G, (j+1)*G), ceil(((j+1)*G - r) / stride) - ceil((j*G - r) /
+    stride) of them; the counts of the inner nodes repeat with period stride, so a period of
+    them gives their least."""
+    def before(x):  # ranks of the group below position x
+        return min(size, max(0, -(-(x - r) // stride)))
+
+    nodes = (r + (size - 1) * stride) // G + 1
+    inner = range(1, min(nodes - 1, 1 + stride))
+    counts = [before(G), size - before((nodes - 1) * G)] + [before((j + 1) * G) - before(j * G) for j in inner]
+    counts = [c for c in counts if c > 0] if nodes > 1 else [size]
+    return Span(size=size, per_node=min(counts), nodes=nodes)
 
 
 def _progression(st: dict[str, int], degrees: dict[str, int], dims: tuple[str, ...]) -> tuple[int, int] | None:
@@ -103,7 +197,8 @@ def _progression(st: dict[str, int], degrees: dict[str, int], dims: tuple[str, .
 
 
 def span(order: str, degrees: dict[str, int], dims: tuple[str, ...], gpus_per_node: int) -> Span:
-    """Span of the group over `dims` ('ep' alone: the expert group; 'edp': expert data parallel)."""
+    """Span of the slowest group over `dims` ('ep' alone: the expert group; 'edp': expert data
+    parallel), over every group of that kind (`worst`)."""
     return _span(order, degrees, strides(order, degrees), dims, gpus_per_node)
 
 
@@ -113,13 +208,14 @@ GROUPS = ("tp", "cp", "ep", "pp", "edp", "dpcp")
 
 @lru_cache(maxsize=65536)
 def group_spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, gpus_per_node: int) -> tuple[Span, ...]:
-    """Spans of the GROUPS of a placement, in that order (each but dpcp one progression of
-    ranks, as in _span)."""
+    """Spans of the slowest group of each of GROUPS of a placement, in that order (each but
+    dpcp one progression of ranks, as in _span)."""
     degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
     st = strides(order, degrees)
     ep_stride = _ep_stride(st, degrees)
+    total = tp * cp * dp * pp
     runs = ((st["tp"], tp), (st["cp"], cp), (ep_stride, ep), (st["pp"], pp), (ep_stride * ep, dp * cp // ep))
-    return (*(_run_span(stride, size, gpus_per_node) for stride, size in runs),
+    return (*(_run_span(stride, size, gpus_per_node, total) for stride, size in runs),
             _span(order, degrees, st, ("cp", "dp"), gpus_per_node))
 
 
@@ -132,16 +228,25 @@ def tiers(order: str, degrees: dict[str, int], gpus_per_node: int) -> dict[str, 
     return out
 
 
-def rank_groups(order: str, degrees: dict[str, int], dim: str) -> list[list[int]]:
-    """Every group of `dim` ('tp', 'cp', 'dp', 'pp', or 'ep' carved from dp*cp), as rank lists.
-    Rank = sum over dims of index * stride, strides by the order (innermost first)."""
+def _members(order: str, degrees: dict[str, int], dims: tuple[str, ...]) -> list[int]:
+    """Offsets from its first rank of the ranks of a group over `dims` (dense dimensions, or 'ep'
+    or 'edp' alone)."""
     st = strides(order, degrees)
-    total = degrees["tp"] * degrees["cp"] * degrees["dp"] * degrees["pp"]
-    if dim == "ep":
+    if dims in (("ep",), ("edp",)):
         stride = _ep_stride(st, degrees)
-        members = [i * stride for i in range(degrees["ep"])]
-    else:
-        members = [i * st[dim] for i in range(degrees[dim])]
+        if dims == ("ep",):
+            return [i * stride for i in range(degrees["ep"])]
+        return [i * stride * degrees["ep"] for i in range(degrees["dp"] * degrees["cp"] // degrees["ep"])]
+    members = [0]
+    for dim in dims:
+        members = [m + i * st[dim] for m in members for i in range(degrees[dim])]
+    return sorted(members)
+
+
+def _groups(order: str, degrees: dict[str, int], dims: tuple[str, ...]) -> list[list[int]]:
+    """Every group over `dims`: the ranks, lowest first, not yet in a group, each with its
+    group's offsets (_members)."""
+    members, total = _members(order, degrees, dims), _total(degrees)
     groups, seen = [], set()
     for base in range(total):
         if base in seen:
@@ -152,3 +257,10 @@ def rank_groups(order: str, degrees: dict[str, int], dim: str) -> list[list[int]
         seen.update(group)
         groups.append(group)
     return groups
+
+
+def rank_groups(order: str, degrees: dict[str, int], dim: str) -> list[list[int]]:
+    """Every group of `dim` ('tp', 'cp', 'dp', 'pp', 'ep' carved from dp*cp, 'edp' the expert
+    data-parallel rest of it, 'dpcp' the dp x cp group of the gradients), as rank lists.
+    Rank = sum over dims of index * stride, strides by the order (innermost first)."""
+    return _groups(order, degrees, ("cp", "dp") if dim == "dpcp" else (dim,))

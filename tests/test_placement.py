@@ -74,3 +74,59 @@ def test_group_spans_equal_each_groups_span(order):
             dims = {"dpcp": ("cp", "dp")}
             expected = tuple(span(order, degrees, dims.get(name, (name,)), g) for name in GROUPS)
             assert group_spans(order, tp, cp, dp, pp, ep, g) == expected, (degrees, g)
+
+
+ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-dp-cp-pp", "cp-tp-pp-dp", "pp-dp-cp-tp", "dp-tp-cp-pp")
+
+
+def _degree_tuples(total: int):
+    divs = [d for d in range(1, total + 1) if total % d == 0]
+    return [(tp, cp, total // (tp * cp * pp), pp) for tp in divs for cp in divs for pp in divs
+            if total % (tp * cp * pp) == 0]
+
+
+def _check_worst_group(order, tp, cp, dp, pp, ep, g):
+    from planner.placement import GROUPS, group_spans, rank_groups, span_of, worst
+
+    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
+    for name, priced in zip(GROUPS, group_spans(order, tp, cp, dp, pp, ep, g)):
+        groups = rank_groups(order, degrees, name)
+        assert priced == worst(span_of(grp, g) for grp in groups), (order, degrees, g, name)
+
+
+@pytest.mark.parametrize("g", [4, 8, 72])
+def test_priced_span_is_the_slowest_group_exhaustive(g):
+    """Every rank order and degree tuple on GPU counts up to 48 (partial nodes included): the
+    span the cost model prices for each kind of group is the slowest of all its groups."""
+    for total in range(1, 49):
+        if total > g and total % g:
+            continue
+        for tp, cp, dp, pp in _degree_tuples(total):
+            for order in ORDERS:
+                for ep in (e for e in (1, 2, 3, 4) if (dp * cp) % e == 0 and (cp == 1 or cp % e == 0)):
+                    _check_worst_group(order, tp, cp, dp, pp, ep, g)
+
+
+@pytest.mark.parametrize("g", [4, 8, 72])
+def test_priced_span_is_the_slowest_group_sampled(g):
+    """The same on whole-node counts up to 1,152 GPUs, a seeded sample of degree tuples each."""
+    import random
+
+    rng = random.Random(g)
+    for total in range(g, 1153, g):
+        tuples = _degree_tuples(total)
+        for tp, cp, dp, pp in rng.sample(tuples, min(6, len(tuples))):
+            order = rng.choice(ORDERS)
+            ep = rng.choice([e for e in (1, 2, 4, 8) if (dp * cp) % e == 0 and (cp == 1 or cp % e == 0)])
+            _check_worst_group(order, tp, cp, dp, pp, ep, g)
+
+
+def test_a_degree_that_does_not_divide_the_node_straddles_it():
+    """tp 6 on 8-GPU nodes: the group [6..11] has 2 ranks on node 0 and 4 on node 1, so tp is
+    priced over the inter-node tier (the group holding rank 0 alone sits inside node 0)."""
+    from planner.placement import rank_groups, span_of
+
+    degrees = {"tp": 6, "cp": 2, "dp": 4, "pp": 8, "ep": 1}
+    assert rank_groups("tp-cp-ep-dp-pp", degrees, "tp")[1] == list(range(6, 12))
+    assert span_of(range(6, 12), 8) == span("tp-cp-ep-dp-pp", degrees, ("tp",), 8) == (6, 2, 2)
+    assert tiers("tp-cp-ep-dp-pp", degrees, 8)["tp"] == "inter_node"

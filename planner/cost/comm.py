@@ -12,7 +12,9 @@ bandwidth" of a collective equals B by construction.
 A group spanning N nodes with `per_node` ranks on each is priced hierarchically (NCCL's rings
 cross each node boundary once per ring, one ring per NIC): the intra-node phase over `per_node`
 ranks moves M as above on NVLink, and the inter-node phase moves M / per_node per GPU over N nodes
-on each GPU's own NIC.
+on each GPU's own NIC. A group spread unevenly (a degree that does not divide the node) is priced
+at the fewest of its ranks on one node (placement.Span), whose NICs carry the most; the span is
+that of the slowest group of its kind (placement.worst), since all of them run at once.
 """
 
 from __future__ import annotations
