@@ -170,19 +170,24 @@ def _runs_table(title: str, rows: list[dict]) -> Table:
     return t
 
 
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f} %"
+
+
 def validation_table(doc: dict) -> None:
     err.print(_runs_table("predicted vs published step time", doc["runs"]))
-    s = Table(title="by source", title_justify="left")
-    for col in ("source", "runs", "MAPE", "max |error|", "LOSO MAPE"):
+    s = Table(title="by source (error = predicted / published - 1; negative: predicted faster)", title_justify="left")
+    for col in ("source", "runs", "MAPE", "bias", "max |error|", "LOSO MAPE", "LOSO bias"):
         s.add_column(col, justify="left" if col == "source" else "right")
     loso = doc.get("loso", {}).get("sources", {})
     for name, v in doc["sources"].items():
-        lo = f"{loso[name]['mape'] * 100:.2f} %" if name in loso else "-"
-        s.add_row(name, str(v["runs"]), f"{v['mape'] * 100:.2f} %", f"{v['max_abs_error'] * 100:.1f} %", lo)
+        lo = loso.get(name)
+        s.add_row(name, str(v["runs"]), f"{v['mape'] * 100:.2f} %", _pct(v["bias"]), f"{v['max_abs_error'] * 100:.1f} %",
+                  f"{lo['mape'] * 100:.2f} %" if lo else "-", _pct(lo["bias"]) if lo else "-")
     err.print(s)
-    line = f"all runs: MAPE {doc['mape'] * 100:.2f} %, max |error| {doc['max_abs_error'] * 100:.1f} %"
+    line = f"all runs: MAPE {doc['mape'] * 100:.2f} %, bias {_pct(doc['bias'])}, max |error| {doc['max_abs_error'] * 100:.1f} %"
     if "loso" in doc:
-        line += (f"; leave-one-source-out MAPE {doc['loso']['mape'] * 100:.2f} % "
+        line += (f"; leave-one-source-out MAPE {doc['loso']['mape'] * 100:.2f} %, bias {_pct(doc['loso']['bias'])} "
                  f"(max {doc['loso']['max_abs_error'] * 100:.1f} %)")
     err.print(f"[bold]{line}[/bold]")
     if "plans" in doc:
@@ -197,7 +202,16 @@ def validation_table(doc: dict) -> None:
     if "checks" in doc:
         c = doc["checks"]
         err.print(_runs_table("out-of-sample checks (never fitted on)", c["runs"]))
-        err.print(f"[bold]checks: MAPE {c['mape'] * 100:.2f} %, max |error| {c['max_abs_error'] * 100:.1f} %[/bold]")
+        t = Table(title="checks by source and subset", title_justify="left")
+        for col in ("source or subset", "runs", "MAPE", "bias", "max |error|"):
+            t.add_column(col, justify="left" if col == "source or subset" else "right")
+        for name, v in (*c["sources"].items(), *c["subsets"].items()):
+            t.add_row(name, str(v["runs"]), f"{v['mape'] * 100:.2f} %", _pct(v["bias"]), f"{v['max_abs_error'] * 100:.1f} %")
+        err.print(t)
+        eq = c["equal_source_weight"]
+        err.print(f"[bold]checks: MAPE {c['mape'] * 100:.2f} %, bias {_pct(c['bias'])} over {len(c['runs'])} runs; "
+                  f"each of {eq['sources']} sources weighted equally: MAPE {eq['mape'] * 100:.2f} %, bias {_pct(eq['bias'])}; "
+                  f"{c['over_25_percent']} over 25 %; {c['inside_band'] * 100:.0f} % inside their band[/bold]")
 
 
 def fit_table(result) -> None:

@@ -1,8 +1,15 @@
-"""Predicted vs published runs: per-run errors, per-source MAPE, leave-one-source-out errors.
+"""Predicted vs published runs: per-run errors, per-source MAPE and bias, leave-one-source-out
+errors, and how the out-of-sample errors spread (bands).
 
-Leave-one-source-out (LOSO): for every source that shares its GPU with another source, the
-cluster's efficiencies are refitted on the other sources' runs only and the held-out source is
-priced with that fit: an estimate of the error on runs the fit never saw.
+Errors are signed: predicted / published step time - 1 (negative: the model is optimistic).
+MAPE is the mean absolute error; bias the mean signed error. A source is the document a run
+comes from (`document`: its source up to the first comma), so two tables of one paper are one
+source. Leave-one-source-out (LOSO): for every source that shares its GPU with another source,
+the cluster's efficiencies are refitted on the other sources' runs only and the held-out source
+is priced with that fit: an estimate of the error on runs the fit never saw. The checks are
+also summarised with every source weighted equally (the mean of the per-source figures), by
+subset (MoE, FP8, GPU, runtime), and by how many fall inside the band (planner/bands.py) built
+from the other sources' out-of-sample errors.
 """
 
 from __future__ import annotations
@@ -12,9 +19,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.bands import Residual, band
 from planner.calibrate import fit
 from planner.runs import Priced, Run, price_run
 from planner.units import bytes_to_gib
+
+
+def document(source: str) -> str:
+    """The document a run's source names: its text up to the first comma."""
+    return source.split(",")[0].strip()
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +59,7 @@ def validate(runs: list[Run], loso: bool = True, checks: list[Run] = (), plans: 
     if loso:
         by_gpu: dict[str, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
         for r in runs:
-            by_gpu[r.cluster.gpu.name][r.source].append(r)
+            by_gpu[r.cluster.gpu.name][document(r.source)].append(r)
         jobs = [(gpu, source) for gpu, sources in by_gpu.items() if len(sources) > 1 for source in sources]
         for k, (gpu, source) in enumerate(jobs):
             if progress:
@@ -66,7 +79,7 @@ def _rows(priced) -> list[dict]:
                "derived_step_time_s": p.run.step_time_s, "predicted_step_time_s": est.step_time_s,
                "error": p.error, "chosen": p.chosen, "fits": est.fits,
                "peak_memory_gib": bytes_to_gib(est.peak_memory_bytes), "mfu": est.mfu,
-               "efficiency_source": p.run.cluster.efficiency.source.split(":")[0]}
+               "efficiency_source": p.run.cluster.efficiency.source.split(":")[0], "runtime": p.run.runtime}
         measured_mem = p.run.measured.get("memory_gib")
         if measured_mem:
             row["measured_memory_gib"] = measured_mem
@@ -75,15 +88,44 @@ def _rows(priced) -> list[dict]:
     return rows
 
 
+def _stats(errors) -> dict:
+    e = np.asarray(errors, dtype=float)
+    return {"runs": len(e), "mape": _mape(e), "bias": float(np.mean(e)) if len(e) else 0.0, "max_abs_error": _max(e)}
+
+
 def _by_source(pairs) -> dict:
     groups: dict[str, list[float]] = defaultdict(list)
     for source, error in pairs:
-        groups[source].append(error)
-    return {s: {"runs": len(e), "mape": _mape(e), "max_abs_error": float(np.max(np.abs(e)))} for s, e in groups.items()}
+        groups[document(source)].append(error)
+    return {s: _stats(e) for s, e in groups.items()}
 
 
 def _max(errors) -> float:
     return float(np.max(np.abs(errors))) if len(errors) else 0.0
+
+
+def _equal_weight(sources: dict) -> dict:
+    """MAPE and bias with every source weighted equally (means of the per-source figures)."""
+    return {"sources": len(sources), "mape": float(np.mean([v["mape"] for v in sources.values()])),
+            "bias": float(np.mean([v["bias"] for v in sources.values()]))}
+
+
+def residuals(v: Validation) -> list[Residual]:
+    """The out-of-sample errors: LOSO refits and the checks."""
+    held = [p for _, p in v.loso or ()] + list(v.checks)
+    return [Residual(gpu=p.run.cluster.gpu.name, family=p.run.cluster.gpu.family, document=document(p.run.source),
+                     error=p.error) for p in held]
+
+
+def _subsets(priced) -> dict:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for p in priced:
+        r = p.run
+        keys = [f"gpu {r.cluster.gpu.name}", f"precision {r.setup.precision}", f"runtime {r.runtime}",
+                "moe" if r.model.moe else "dense"]
+        for k in keys:
+            groups[k].append(p.error)
+    return {k: _stats(e) for k, e in sorted(groups.items())}
 
 
 def summary(v: Validation) -> dict:
@@ -91,14 +133,13 @@ def summary(v: Validation) -> dict:
     errors = [p.error for p in v.priced]
     doc = {
         "schema": "planner.validate/v1",
-        "mape": _mape(errors),
-        "max_abs_error": _max(errors),
+        **{k: val for k, val in _stats(errors).items() if k != "runs"},
         "runs": _rows(v.priced),
         "sources": _by_source((p.run.source, p.error) for p in v.priced),
     }
     if v.loso is not None:
         loso_errors = [p.error for _, p in v.loso]
-        doc["loso"] = {"mape": _mape(loso_errors), "max_abs_error": _max(loso_errors),
+        doc["loso"] = {**{k: val for k, val in _stats(loso_errors).items() if k != "runs"},
                        "sources": _by_source((s, p.error) for s, p in v.loso),
                        "runs": [{"id": p.run.id, "held_out_source": s, "error": p.error} for s, p in v.loso]}
     if v.plans:
@@ -117,6 +158,19 @@ def summary(v: Validation) -> dict:
                         "runs": plan_rows}
     if v.checks:
         check_errors = [p.error for p in v.checks]
-        doc["checks"] = {"mape": _mape(check_errors), "max_abs_error": _max(check_errors),
-                         "runs": _rows(v.checks), "sources": _by_source((p.run.source, p.error) for p in v.checks)}
+        sources = _by_source((p.run.source, p.error) for p in v.checks)
+        rows = _rows(v.checks)
+        pool = residuals(v)
+        inside = 0
+        for row, p in zip(rows, v.checks):
+            b = band(p.run.cluster.gpu.name, p.run.cluster.gpu.family, pool, exclude_document=document(p.run.source))
+            if b is not None:
+                row["band"] = {"low": b.low, "high": b.high, "basis": b.basis}
+                inside += b.contains(p.error)
+        doc["checks"] = {**{k: val for k, val in _stats(check_errors).items() if k != "runs"},
+                         "equal_source_weight": _equal_weight(sources),
+                         "over_25_percent": sum(abs(e) > 0.25 for e in check_errors),
+                         "inside_band": inside / len(rows),
+                         "subsets": _subsets(v.checks),
+                         "runs": rows, "sources": sources}
     return doc
