@@ -9,6 +9,7 @@ import click
 
 from planner import __version__
 from planner.errors import PlannerError
+from planner.spec.training import DEFAULT_HEADROOM
 
 
 def _strategy_options(f):
@@ -56,13 +57,19 @@ def cli() -> None:
     """Auto-parallel planner for distributed training: specs in, priced strategies searched, a plan out."""
 
 
+def _headroom_option(default: float):
+    return click.option("--memory-headroom", type=click.FloatRange(0.0, 1.0, max_open=True), default=default,
+                        show_default=True, help="share of each GPU's memory kept free")
+
+
 @cli.command()
 @_setup_options
 @_strategy_options
+@_headroom_option(0.0)
 @click.option("--json", "as_json", is_flag=True, help="print exactly one plan document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here")
-def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, as_json, output,
-             **knobs):
+def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom,
+             as_json, output, **knobs):
     """Price exactly the strategy given (unset knobs take documented defaults)."""
     from planner import report
     from planner.errors import SpecError
@@ -79,7 +86,8 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
         raise SpecError(f"--gpus {gpus!r}: estimate prices one GPU count (plan sweeps lists and ranges)") from None
     constraints = {k: v for k, v in knobs.items() if v is not None}
     plan = estimate_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len,
-                         precision=precision, attention=attention, runtime=runtime, constraints=constraints)
+                         precision=precision, attention=attention, runtime=runtime, constraints=constraints,
+                         memory_headroom=memory_headroom)
     text = dumps(plan)
     if output:
         write_atomic(output, text)
@@ -167,10 +175,11 @@ def calibrate(runs_file, cluster_name, output):
 @click.option("--top", type=click.IntRange(0, 50), default=None,
               help="runners-up to keep  [default: 3; 0 per count of a sweep]")
 @click.option("--ranks", "show_ranks", is_flag=True, help="also list the rank groups of the plan")
+@_headroom_option(DEFAULT_HEADROOM)
 @click.option("--json", "as_json", is_flag=True, help="print exactly one JSON document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here (atomically)")
 def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, solver, time_limit_s,
-         top, show_ranks, as_json, output, **knobs):
+         top, show_ranks, memory_headroom, as_json, output, **knobs):
     """Search the strategy space and write the best plan (strategy flags are constraints)."""
     from planner import report
     from planner.errors import InfeasibleError
@@ -189,7 +198,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
         top = 3 if one_count else 0  # a sweep answers how many GPUs: one plan per count
     request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
                    precision=precision, attention=attention, runtime=runtime, constraints=constraints,
-                   solver=solver, time_limit_s=time_limit_s, top=top)
+                   solver=solver, time_limit_s=time_limit_s, top=top, memory_headroom=memory_headroom)
     if one_count:
         with report.progress("searching", delay_s=1.0) as step:
             doc = make_plan(gpus=counts[0], progress=step, **request)

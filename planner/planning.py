@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from planner.cost.memory import capacity_bytes
 from planner.cost.step import estimate
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan
@@ -11,7 +12,7 @@ from planner.search import space
 from planner.search.driver import infeasible_message, search
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
-from planner.spec.training import TrainingSetup, check_gpu_count, resolve_strategy
+from planner.spec.training import DEFAULT_HEADROOM, TrainingSetup, check_gpu_count, resolve_strategy
 from planner.units import bytes_to_gib
 
 SWEEP_CHUNK = 8
@@ -19,60 +20,64 @@ SWEEP_CHUNK = 8
 balance the processes better"""
 
 
-def _notes(cluster: Cluster, fits: bool = True, need_bytes: float = 0.0, proven_optimal: bool = True) -> list[str]:
+def _notes(cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes: float = 0.0,
+           proven_optimal: bool = True) -> list[str]:
     """What a reader of the plan must know about how far to trust it."""
     notes = []
     if not cluster.efficiency.source.startswith("fitted"):
         notes.append(f"efficiencies of {cluster.name}: {cluster.efficiency.source}, not fitted to measured runs")
     if not fits:
-        notes.append(f"does not fit: needs {bytes_to_gib(need_bytes):.1f} GiB per GPU, {cluster.gpu.name} has "
-                     f"{bytes_to_gib(cluster.gpu.memory_bytes):.1f} GiB")
+        room = (f" ({bytes_to_gib(cluster.gpu.memory_bytes):.1f} GiB less {setup.memory_headroom:.0%} kept free)"
+                if setup.memory_headroom else "")
+        notes.append(f"does not fit: needs {bytes_to_gib(need_bytes):.1f} GiB per GPU, {cluster.gpu.name} offers "
+                     f"{bytes_to_gib(capacity_bytes(cluster, setup)):.1f} GiB{room}")
     if not proven_optimal:
         notes.append("a solver or DP iteration limit was hit: the plan is the best found, not proven optimal")
     return notes
 
 
 def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
-           attention: str, runtime: str) -> TrainingSetup:
+           attention: str, runtime: str, memory_headroom: float) -> TrainingSetup:
     """The training setup of a request (the model's sequence length unless one is given), after
     checking that the GPU count fills whole nodes."""
     check_gpu_count(gpus, cluster.gpus_per_node)
     return TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len, precision=precision,
-                         attention=attention, runtime=runtime)
+                         attention=attention, runtime=runtime, memory_headroom=memory_headroom)
 
 
 def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None,
-                  precision: str, attention: str, runtime: str, constraints: dict) -> dict:
-    """The plan document of exactly the strategy given (unset knobs take their defaults)."""
-    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime)
+                  precision: str, attention: str, runtime: str, constraints: dict, memory_headroom: float = 0.0) -> dict:
+    """The plan document of exactly the strategy given (unset knobs take their defaults; no
+    headroom unless asked: a configuration that ran, fits)."""
+    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom)
     strategy = resolve_strategy(constraints, setup)
     est = estimate(model, cluster, setup, strategy)
     return build_plan(model, cluster, setup, strategy, est, constraints, {"name": "none", "time_limit_s": 0},
-                      notes=_notes(cluster, est.fits, est.peak_memory_bytes))
+                      notes=_notes(cluster, setup, est.fits, est.peak_memory_bytes))
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
               attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
-              top: int = 3, progress=None, found=None) -> dict:
+              top: int = 3, progress=None, found=None, memory_headroom: float = DEFAULT_HEADROOM) -> dict:
     """The plan document of the best strategy (InfeasibleError when nothing fits, SpecError when
     no legal strategy satisfies the request; `found`: the search's bounds, computed beforehand)."""
-    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime)
+    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom)
     result = search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s, top=top,
                     progress=progress, found=found)
     if result.best is None:
         if result.closest is None and result.pruned_memory == 0:
             raise SpecError(space.explain_empty(model, cluster, setup, constraints))
-        raise InfeasibleError(infeasible_message(result, cluster))
+        raise InfeasibleError(infeasible_message(result, cluster, setup))
     best = result.best
     est = best.estimate(model, cluster, setup)
-    cap = cluster.gpu.memory_bytes
+    cap = capacity_bytes(cluster, setup)
     alternatives = [alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, c.fits,
                                       best.step_time_s, cap) for c in result.alternatives]
     if result.closest is not None and result.closest.step_time_s < best.step_time_s and top:
         c = result.closest
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
                                               best.step_time_s, cap))
-    notes = _notes(cluster, proven_optimal=result.proven_optimal)
+    notes = _notes(cluster, setup, proven_optimal=result.proven_optimal)
     return build_plan(model, cluster, setup, best.strategy, est, constraints,
                       {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives, notes=notes,
                       search=result.summary())
@@ -97,7 +102,8 @@ def replan(doc: dict, refresh_presets: bool = False) -> dict:
     return make_plan(model, cluster, gpus=tr["gpus"], global_batch=tr["global_batch"], seq_len=tr["seq_len"],
                      precision=tr["precision"], attention=tr["attention"], runtime=tr["runtime"],
                      constraints=dict(inputs["constraints"]), solver=inputs["solver"]["name"],
-                     time_limit_s=inputs["solver"]["time_limit_s"], top=len(doc.get("alternatives", [])))
+                     time_limit_s=inputs["solver"]["time_limit_s"], top=len(doc.get("alternatives", [])),
+                     memory_headroom=tr.get("memory_headroom", 0.0))
 
 
 def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> dict:
@@ -142,7 +148,7 @@ def _sweep_chunk(request: dict, counts: list[int]) -> list[dict]:
     for n in counts:
         try:
             setups[n] = _setup(r["model"], r["cluster"], n, r["global_batch"], r["seq_len"], r["precision"],
-                               r["attention"], r["runtime"])
+                               r["attention"], r["runtime"], r.get("memory_headroom", DEFAULT_HEADROOM))
         except PlannerError:
             pass  # make_plan says why
     try:

@@ -44,7 +44,9 @@ PREDICTION = _obj({"step_time_s": _NUM, "tokens_per_s": _NUM, "model_tflops_per_
 TRAINING = _obj({"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
                  "precision": {"type": "string", "enum": ["bf16", "fp16", "fp8"]},
                  "attention": {"type": "string", "enum": ["flash", "eager"]},
-                 "runtime": {"type": "string", "enum": ["any", "megatron", "deepspeed", "torchtitan"]}})
+                 "runtime": {"type": "string", "enum": ["any", "megatron", "deepspeed", "torchtitan"]},
+                 "memory_headroom": _NUM},
+                required=["gpus", "global_batch", "seq_len", "precision", "attention", "runtime"])
 INPUTS = _obj({"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,
                "constraints": {"type": "object"},
                "solver": _obj({"name": _STR, "time_limit_s": _NUM}), "sha256": _STR})

@@ -63,7 +63,7 @@ def test_plan_has_design_keys(plan):
     assert plan["alternatives"] == []
     assert {"model", "cluster", "training", "constraints", "solver", "sha256"} <= set(plan["inputs"])
     assert plan["inputs"]["training"] == {"gpus": 8, "global_batch": 32, "seq_len": 8192, "precision": "bf16",
-                                          "attention": "flash", "runtime": "any"}
+                                          "attention": "flash", "runtime": "any", "memory_headroom": 0.0}
     assert plan["inputs"]["constraints"] == {"tp": 2}
     assert plan["placement"]["order"] == "tp-cp-ep-dp-pp"
     for stage in plan["stages"]:

@@ -225,3 +225,36 @@ def test_library_plan_equals_the_command(plan_doc):
     doc = planner.make_plan(planner.load_model("llama3-8b"), planner.load_cluster("dgx-h100"), gpus=16, global_batch=64,
                        seq_len=4096)
     assert dumps(doc) == plan_doc[1]
+
+
+# --- memory headroom ----------------------------------------------------------------------------
+
+FULL_97 = ["-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "64", "--tp", "1", "--pp", "1",
+           "--cp", "1", "--micro-batch", "2", "--zero", "1", "--recompute", "full", "--recompute-layers", "29"]
+"""a strategy whose peak is 97.7 % of an 80 GiB H100 (78.2 GiB, the cost model's own figure)"""
+
+
+def test_a_nearly_full_strategy_is_refused_by_default_and_accepted_without_headroom():
+    est = json.loads(run("estimate", *FULL_97, "--json").stdout)["prediction"]
+    assert est["fits"] and 0.95 * 80 < est["peak_memory_gib"] <= 80  # estimate: no headroom by default
+    refused = run("plan", *FULL_97)
+    assert refused.returncode == 3 and "5% kept free" in refused.stderr
+    accepted = run("plan", *FULL_97, "--memory-headroom", "0", "--json")
+    assert accepted.returncode == 0, accepted.stderr
+    doc = json.loads(accepted.stdout)
+    assert doc["inputs"]["training"]["memory_headroom"] == 0
+    assert doc["prediction"]["peak_memory_gib"] == est["peak_memory_gib"]
+    assert json.loads(run("estimate", *FULL_97, "--memory-headroom", "0.05", "--json").stdout)["prediction"]["fits"] is False
+
+
+@pytest.mark.parametrize("gpus", [256, 1024])
+def test_no_plan_peaks_above_capacity_less_headroom(gpus):
+    """llama3-70b on 256 and 1024 H100 planned at 79.5-79.9 GiB before the headroom existed."""
+    from planner import load_cluster, load_model, make_plan
+
+    for headroom in (0.05, 0.15):
+        doc = make_plan(load_model("llama3-70b"), load_cluster("dgx-h100"), gpus=gpus, global_batch=512,
+                        memory_headroom=headroom, top=3)
+        cap = 80 * (1 - headroom)
+        assert doc["prediction"]["peak_memory_gib"] <= cap
+        assert all(a["peak_memory_gib"] <= cap for a in doc["alternatives"] if not a["why_not"].startswith("does not"))

@@ -27,6 +27,12 @@ FRAGMENTATION = 0.05
 """caching-allocator overhead on activations (fraction), an allowance, not a measurement"""
 
 
+def capacity_bytes(cluster, setup) -> float:
+    """Bytes a plan may use on each GPU: what the framework can allocate (the GPU spec's
+    memory_gib) less the setup's memory_headroom."""
+    return cluster.gpu.memory_bytes * (1.0 - setup.memory_headroom)
+
+
 MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "other")
 
 

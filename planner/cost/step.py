@@ -619,7 +619,8 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
         stages=tuple(stages), model_flops_per_step=flops,
         tokens_per_s=setup.global_batch * setup.seq_len / step_s,
         model_tflops_per_gpu=flops / step_s / setup.gpus / 1e12, mfu=flops / step_s / setup.gpus / peak,
-        fits=peak_stage.memory.total <= gpu.memory_bytes, capacity_bytes=gpu.memory_bytes,
+        fits=peak_stage.memory.total <= memory.capacity_bytes(cluster, setup),
+        capacity_bytes=memory.capacity_bytes(cluster, setup),
         tiers=tiers(s.order, degrees, min(cluster.gpus_per_node, setup.gpus)))
 
 

@@ -312,7 +312,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     one Bounds per setup (the rows' 'count'). The memory floor comes first, from `layers`
     (cost/step.layer_memory per row's 'memory'); the layer contexts `keys` are priced (`build`)
     only for the candidates that pass it."""
-    cap, L = cluster.gpu.memory_bytes, model.layers
+    cap, L = memory.capacity_bytes(cluster, setup), model.layers
     eff = cluster.efficiency
     vpp_domain = sorted({v for vpps in vpp_sets for v in vpps})
     if not len(table):

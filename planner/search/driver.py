@@ -22,6 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.cost import memory
 from planner.cost.pipeline import chunk_arrays, even_chunks, split_layers, step_time_s
 from planner.cost.step import (
     StepEstimate,
@@ -87,9 +88,9 @@ class SearchResult:
                 "proven_optimal": self.proven_optimal}
 
 
-def infeasible_message(result: SearchResult, cluster: Cluster) -> str:
+def infeasible_message(result: SearchResult, cluster: Cluster, setup: TrainingSetup) -> str:
     """Why nothing fits, and what the closest candidate would need."""
-    cap = bytes_to_gib(cluster.gpu.memory_bytes)
+    cap = bytes_to_gib(memory.capacity_bytes(cluster, setup))
     if result.closest is not None:
         s = result.closest.strategy
         need = bytes_to_gib(result.closest.peak_memory_bytes)
@@ -107,7 +108,9 @@ def infeasible_message(result: SearchResult, cluster: Cluster) -> str:
         if result.closest.strategy.recompute != "full":
             hints.append("full recompute")
     fixes = f"{', '.join(hints[:-1])} or {hints[-1]}" if len(hints) > 1 else hints[0]
-    return f"no feasible plan: {what}; {cluster.gpu.name} has {cap:.1f} GiB; {fixes} would be needed"
+    room = f"{cap:.1f} GiB" + (f" ({bytes_to_gib(cluster.gpu.memory_bytes):.1f} GiB less {setup.memory_headroom:.0%} "
+                               f"kept free)" if setup.memory_headroom else "")
+    return f"no feasible plan: {what}; {cluster.gpu.name} offers {room}; {fixes} would be needed"
 
 
 def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict | None = None,
@@ -344,7 +347,7 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     layer recomputed or all of them), stands where nothing below it is found."""
     stats = {"programmes": 0, "ilp": 0, "optimal": True, "relaxed_s": None}
     s = prof.strategy
-    cap = prof.cluster.gpu.memory_bytes
+    cap = memory.capacity_bytes(prof.cluster, prof.setup)
     even = tuple(split_layers(prof.model.layers, s.pp, s.vpp))
     free_split = rules.free_split(s.pp, s.vpp)
     found = plain = None
@@ -412,7 +415,7 @@ def _candidate(prof, split, counts) -> Candidate:
     peak = float(np.max(terms["memory"]))
     return Candidate(strategy=prof.strategy, bounds=tuple(split), recompute_layers=counts,
                      step_time_s=split_step(terms, prof.microbatches, prof.strategy.vpp)[0],
-                     peak_memory_bytes=peak, fits=peak <= prof.cluster.gpu.memory_bytes)
+                     peak_memory_bytes=peak, fits=peak <= memory.capacity_bytes(prof.cluster, prof.setup))
 
 
 def _tables(prof, width: int, counts: bool = False, cutoff: float = float("inf")):
@@ -440,7 +443,7 @@ def _tables(prof, width: int, counts: bool = False, cutoff: float = float("inf")
         width = int(n[inside].max(initial=1))
         inside &= _reachable(i, a, n, p, L, width)
         i, a, n = i[inside], a[inside], n[inside]
-    cap = prof.cluster.gpu.memory_bytes
+    cap = memory.capacity_bytes(prof.cluster, prof.setup)
     rng = [(a, a + n)]
     size = (len(i),)
     if free_counts:
@@ -511,7 +514,7 @@ def _count_options(prof, i, a, n, width, least, at_least, fits, least_tail):
     better count, since time only grows with the count and the tail only falls (the rule
     _recompute drops counts by), so it keeps that one option; the others get every count that
     fits."""
-    cap = prof.cluster.gpu.memory_bytes
+    cap = memory.capacity_bytes(prof.cluster, prof.setup)
     rows = np.arange(len(i))
     times, tails = np.full((len(i), width + 1), np.inf), np.full((len(i), width + 1), np.inf)
     ok = np.zeros(times.shape, dtype=bool)

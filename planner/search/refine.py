@@ -61,6 +61,11 @@ class Refiner:
     full: np.ndarray
     fixed: np.ndarray
 
+    @property
+    def capacity(self) -> float:
+        """bytes a candidate may use on each GPU (cost/memory.capacity_bytes)"""
+        return memory.capacity_bytes(self.cluster, self.setup)
+
     def pipe_floor_s(self, idx: np.ndarray, limit=np.inf) -> np.ndarray:
         """The pipeline part of the bound, tightened. Where the split is free, some stage holds
         at least n = ceil(L/p) layers, so the bottleneck is at least the least time of such a
@@ -199,7 +204,7 @@ class Refiner:
         flight, C = capacity - reserve); each layer beyond needs rho_i = c_i / (k_i saving)
         recomputed layers, up to C / (c_i - k_i saving) layers in all (infinite when recomputing
         frees a layer's whole cost). Returns (u, that most, rho)."""
-        C = self.cluster.gpu.memory_bytes - memory.RUNTIME_RESERVED_BYTES
+        C = self.capacity - memory.RUNTIME_RESERVED_BYTES
         k = in_flight(np.arange(p)[None, :], p, self.m[j][:, None], self.vpp[j][:, None])
         cost = cls.state + k * cls.saved
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -290,7 +295,7 @@ class Refiner:
         memory, _ = self._even_memory(j, p, v)
         kept = memory("saved_b", False)
         least = self._least_memory(j, kept, memory("saved_f", True)) if self.full[j].any() else kept
-        return np.all(least * (1 - SAFETY) <= self.cluster.gpu.memory_bytes, axis=1)
+        return np.all(least * (1 - SAFETY) <= self.capacity, axis=1)
 
     def _least_memory(self, j: np.ndarray, kept: np.ndarray, rebuilt: np.ndarray) -> np.ndarray:
         """A stage's least memory, `kept` (no layer recomputed) shaped (candidates, ...): under
@@ -306,7 +311,7 @@ class Refiner:
         of every candidate at once). The first stage starts at layer 0 and the last ends at L;
         a middle stage's memory is affine in its in-flight micro-batches, so it is evaluated at
         0 and 1 and scaled per stage."""
-        L, cap = self.model.layers, self.cluster.gpu.memory_bytes
+        L, cap = self.model.layers, self.capacity
         width = space.stage_width(L, p)
         n = np.arange(1, width + 1)
         m = self.m[j][:, None]
@@ -408,7 +413,7 @@ class Refiner:
         r = ceil((memory with the rebuild buffer - capacity) / the most a layer saves) layers
         (and at least one), each costing at least the cheapest layer's recomputation. Yields
         (positions in idx, per-stage times)."""
-        cap = self.cluster.gpu.memory_bytes
+        cap = self.capacity
         for p, v, sel in self._fixed_groups(idx):
             sel = sel[self.full[idx[sel]]]
             if not len(sel):

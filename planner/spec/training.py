@@ -14,6 +14,12 @@ Schedule = Literal["1f1b", "interleaved-1f1b"]
 RECOMPUTES = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 RUNTIMES = ("any", "megatron", "deepspeed", "torchtitan")
+DEFAULT_HEADROOM = 0.05
+"""share of each GPU's capacity `plan` keeps free by default (--memory-headroom): room for what
+the model does not count (allocator spikes, NCCL's lazily created communicators, a larger
+batch of a data loader). No runtime publishes a figure; 5 % of an 80 GiB GPU (4 GiB) covers
+the 1-2 GiB that NCCL's initialisation alone was measured to take (stas00/ml-engineering,
+training/performance/README.md). `estimate` and `validate` price at 0: what ran, fits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,12 +31,17 @@ class TrainingSetup:
     precision: Precision = "bf16"
     attention: Attention = "flash"
     runtime: str = "any"
+    memory_headroom: float = 0.0
+    """share of each GPU's capacity kept free (cost/memory.capacity_bytes)"""
 
     def __post_init__(self) -> None:
         for name in ("gpus", "global_batch", "seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        h = self.memory_headroom
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
+            raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
