@@ -117,10 +117,15 @@ def candidates(run: Run) -> list[Strategy]:
         knobs = dict(st, **dict(zip(run.unknown, values)))
         if "vpp" in run.unknown:
             knobs["schedule"] = "interleaved-1f1b" if knobs["vpp"] > 1 else "1f1b"
-        try:
-            out.append(resolve_strategy(knobs, setup))
-        except PlannerError:
-            continue
+        # an unstated recomputation may be Megatron's --recompute-num-layers: full recompute of
+        # some of each stage's layers
+        counts = ([None, *range(1, -(-run.model.layers // pp))] if "recompute" in run.unknown
+                  and knobs["recompute"] == "full" and "recompute_layers" not in st else [knobs.get("recompute_layers")])
+        for count in counts:
+            try:
+                out.append(resolve_strategy(dict(knobs, recompute_layers=count), setup))
+            except PlannerError:
+                continue
     return out
 
 
@@ -137,8 +142,11 @@ class Priced:
 
     @property
     def chosen(self) -> dict:
-        """Values the enumeration picked for the unknown knobs."""
-        return {k: getattr(self.strategy, k) for k in self.run.unknown}
+        """Values the enumeration picked for the unknown knobs (and the recompute count it chose)."""
+        out = {k: getattr(self.strategy, k) for k in self.run.unknown}
+        if "recompute" in out and "recompute_layers" not in self.run.strategy and self.strategy.recompute_layers:
+            out["recompute_layers"] = self.strategy.recompute_layers
+        return out
 
 
 def price_run(run: Run, efficiency: Efficiency | None = None, strategy: Strategy | None = None) -> Priced:

@@ -78,7 +78,7 @@ def test_infeasible_exits_3_and_leaves_no_file(tmp_path):
     result = run("plan", "-m", "llama3-405b", "-c", "dgx-a100-40g", "--gpus", "8", "--global-batch", "8",
                  "-o", str(out))
     line = one_error_line(result, code=3)
-    assert "GiB per GPU" in line and "40.0 GiB" in line and "more GPUs" in line
+    assert "GiB per GPU" in line and "39.4 GiB less 5% kept free" in line and "more GPUs" in line
     assert out.read_text() == "previous"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
@@ -90,7 +90,7 @@ def test_infeasible_moe_says_what_the_closest_candidate_needs():
     result = run("plan", "-m", "deepseek-v3", "-c", "dgx-h100", "--gpus", "128", "--global-batch", "1024",
                  "--seq-len", "4096")
     line = one_error_line(result, code=3)
-    assert "best candidate (" in line and "GiB per GPU" in line and "80.0 GiB" in line
+    assert "best candidate (" in line and "GiB per GPU" in line and "offers 75.1 GiB (79.1 GiB less 5% kept free)" in line
 
 
 @pytest.mark.parametrize("args,needle", [
