@@ -10,6 +10,7 @@ from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan
 from planner.search import space
 from planner.search.driver import infeasible_message, search
+from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import DEFAULT_HEADROOM, TrainingSetup, check_gpu_count, resolve_strategy
@@ -24,8 +25,11 @@ def _notes(cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes
            proven_optimal: bool = True) -> list[str]:
     """What a reader of the plan must know about how far to trust it."""
     notes = []
+    if isinstance(cluster.efficiency, LegacyEfficiency):
+        notes.append(f"efficiencies of {cluster.name}: a version 1 block (seven free fractions, not grounded in "
+                     "measured kernel figures); `planner calibrate` writes version 2")
     if not cluster.efficiency.source.startswith("fitted"):
-        notes.append(f"efficiencies of {cluster.name}: {cluster.efficiency.source}, not fitted to measured runs")
+        notes.append(f"efficiencies of {cluster.name}: {cluster.efficiency.source}, not fitted to its own measured runs")
     if not fits:
         room = (f" ({bytes_to_gib(cluster.gpu.memory_bytes):.1f} GiB less {setup.memory_headroom:.0%} kept free)"
                 if setup.memory_headroom else "")

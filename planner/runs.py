@@ -31,9 +31,10 @@ CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
             "analytic_reference", "confidence", "runtime", "runtime_version")
-RUN_RUNTIMES = ("megatron", "deepspeed", "torchtitan", "nanotron", "composer", "other")
-"""the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron;
-Megatron-DeepSpeed as deepspeed; MosaicML llm-foundry as composer)"""
+RUN_RUNTIMES = ("megatron", "megatron@2022", "deepspeed", "torchtitan", "nanotron", "composer", "other")
+"""the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron,
+Megatron-LM before its 2023 overlaps as megatron@2022; Megatron-DeepSpeed as deepspeed; MosaicML
+llm-foundry as composer): runtimes.RUNTIME_RULES says what the cost model reads of each"""
 UNKNOWN_KNOBS = ("micro_batch", "recompute", "vpp", "zero", "sequence_parallel")
 
 
@@ -73,10 +74,11 @@ def load_runs(path: Path | None = None) -> list[Run]:
             cluster = clusters.setdefault(ref, load_cluster(ref))
         else:
             cluster = Cluster.from_dict(ref, f"{path}: {run_id}.cluster")
+        runtime = f.choice("runtime", RUN_RUNTIMES, "other")
         setup = TrainingSetup(gpus=f.int("gpus"), global_batch=f.int("global_batch"),
                               seq_len=f.int("seq_len", model.seq_len),
                               precision=f.choice("precision", ("bf16", "fp16", "fp8"), "bf16"),
-                              attention=f.choice("attention", ("flash", "eager"), "flash"))
+                              attention=f.choice("attention", ("flash", "eager"), "flash"), runtime=runtime)
         strategy = dict(f.raw("strategy", {}))
         for knob in strategy:
             if knob not in STRATEGY_KNOBS:
@@ -90,7 +92,7 @@ def load_runs(path: Path | None = None) -> list[Run]:
         runs.append(Run(id=run_id, source=f.str("source"), model=model, cluster=cluster, setup=setup,
                         strategy=strategy, unknown=unknown, step_time_s=f.float("step_time_s"),
                         measured=dict(f.raw("measured", {})), analytic_reference=f.raw("analytic_reference", None),
-                        runtime=f.choice("runtime", RUN_RUNTIMES, "other"), runtime_version=str(f.raw("runtime_version", ""))))
+                        runtime=runtime, runtime_version=str(f.raw("runtime_version", ""))))
         f.reject_unknown(RUN_KEYS)
     return runs
 

@@ -307,12 +307,13 @@ def test_every_listed_cluster_prices_an_estimate(cluster):
 # --- validate and calibrate --------------------------------------------------------------------
 
 def test_validate_meets_the_error_targets():
+    """Issue 11's calibration goal (MAPE <= 5 %, |bias| <= 2 %) on every calibration source."""
     result = run("validate", "--no-loso", "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert doc["mape"] <= 0.06
+    assert doc["mape"] <= 0.05 and abs(doc["bias"]) <= 0.02
     table5 = [abs(r["error"]) for r in doc["runs"] if r["source"] == "Korthikanti et al. 2022, Table 5"]
-    assert len(table5) == 8 and sum(table5) / len(table5) <= 0.035
+    assert len(table5) == 8 and sum(table5) / len(table5) <= 0.05
     assert all(math.isfinite(r["predicted_step_time_s"]) for r in doc["runs"])
 
 

@@ -258,3 +258,15 @@ def test_no_plan_peaks_above_capacity_less_headroom(gpus):
         cap = 80 * (1 - headroom)
         assert doc["prediction"]["peak_memory_gib"] <= cap
         assert all(a["peak_memory_gib"] <= cap for a in doc["alternatives"] if not a["why_not"].startswith("does not"))
+
+
+def test_a_plan_of_schema_v1_with_a_seven_fraction_efficiency_block_rechecks_unchanged():
+    """tests/data/plan_v1_291d48b.json: `planner plan -m llama3-8b -c dgx-h100 --gpus 16
+    --global-batch 64 --seq-len 4096 --json` at commit 291d48b, whose efficiency block had seven
+    free fractions. It re-plans from its recorded inputs to the same strategy and step time."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "plan_v1_291d48b.json"
+    result = run("check", str(path), "--tolerance", "0")
+    assert result.returncode == 0, result.stderr
+    assert "same strategy; step time +0.00%" in result.stderr

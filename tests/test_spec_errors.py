@@ -191,3 +191,24 @@ def test_explicit_graph_model_plans_with_yaml_exponents():
     plan = make_plan(model, load_cluster("dgx-a100-80g"), gpus=8, global_batch=256, seq_len=1, precision="bf16",
                      attention="flash", runtime="any", constraints={})
     assert plan["strategy"]["tp"] == 1 and plan["prediction"]["fits"]
+
+
+def test_efficiency_blocks_of_both_versions_load_and_others_are_refused(tmp_path):
+    import yaml
+
+    from planner.spec.efficiency import Efficiency, LegacyEfficiency
+    from planner.spec.hardware import Cluster
+
+    base = yaml.safe_load((Path(__file__).parent.parent / "hardware" / "clusters" / "dgx-h100.yaml").read_text())
+    v1 = dict(base, efficiency={"gemm_peak_fraction": 0.7, "gemm_intensity_half": 100, "hbm_fraction": 0.9,
+                                "intra_link_fraction": 0.8, "inter_link_fraction": 0.8, "dp_overlap_fraction": 0.5,
+                                "tp_overlap_fraction": 0.0})
+    assert isinstance(Cluster.from_dict(v1, "v1.yaml").efficiency, LegacyEfficiency)
+    v2 = dict(base, efficiency={"version": 2, "framework_fraction": 0.8, "fitted": ["framework_fraction"]})
+    eff = Cluster.from_dict(v2, "v2.yaml").efficiency
+    assert isinstance(eff, Efficiency) and eff.framework_fraction == 0.8 and eff.dp_overlap_fraction == 0.5
+    for bad, needle in (({"version": 3}, "version"), ({"version": 2, "gemm_peak_fraction": 0.7}, "gemm_peak_fraction"),
+                        ({"version": 2, "framework_fraction": 1.5}, "framework_fraction"),
+                        ({"version": 2, "fitted": ["hbm"]}, "fitted")):
+        with pytest.raises(SpecError, match=needle):
+            Cluster.from_dict(dict(base, efficiency=bad), "bad.yaml")

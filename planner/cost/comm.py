@@ -20,20 +20,36 @@ that of the slowest group of its kind (placement.worst), since all of them run a
 from __future__ import annotations
 
 from planner.placement import Span
+from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 
 _FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}
 
 
-def _tier_bandwidth(cluster: Cluster, intra: bool, ranks_in_node: int) -> tuple[float, float]:
+TYPICAL_BUSBW_FRACTION = 0.80
+"""nccl-tests bus bandwidth over link rate where a tier states no measurement: NVLink4 reaches
+about 370 of 450 GB/s outside NVLS, an NDR NIC 46-48 of 50 (NVIDIA engineers in nccl-tests
+issues); 0.8 is the lower of the two"""
+
+
+def link_fraction(cluster: Cluster, intra: bool) -> float:
+    """The share of a tier's link rate its collectives reach: the tier's measured nccl-tests
+    bus bandwidth (busbw_GBps), else TYPICAL_BUSBW_FRACTION; a version 1 efficiency block's own."""
     eff = cluster.efficiency
+    if isinstance(eff, LegacyEfficiency):
+        return eff.intra_link_fraction if intra else eff.inter_link_fraction
+    tier = cluster.intra_node if intra else cluster.inter_node
+    return tier.busbw_Bps / tier.Bps if tier.busbw_Bps else TYPICAL_BUSBW_FRACTION
+
+
+def _tier_bandwidth(cluster: Cluster, intra: bool, ranks_in_node: int) -> tuple[float, float]:
     if intra:
         tier = cluster.intra_node
-        bw = tier.Bps * eff.intra_link_fraction
+        bw = tier.Bps * link_fraction(cluster, True)
         if tier.mesh and cluster.gpus_per_node > 1:
             bw *= (ranks_in_node - 1) / (cluster.gpus_per_node - 1)
         return bw, tier.latency_s
-    return cluster.inter_node.Bps * eff.inter_link_fraction, cluster.inter_node.latency_s
+    return cluster.inter_node.Bps * link_fraction(cluster, False), cluster.inter_node.latency_s
 
 
 def _ring(kind: str, message_bytes: float, n: int, bw_Bps: float, latency_s: float) -> float:

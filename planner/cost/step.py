@@ -27,6 +27,8 @@ from planner.graph import (
     layer_work,
 )
 from planner.placement import GROUPS, Span, group_spans, tiers
+from planner.runtimes import attention_kernel, tp_overlap
+from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, check_strategy
@@ -105,24 +107,46 @@ class LayerCost:
     gemm_weights: float
 
 
+def attention_core_s(layer: Layer, ctx: Ctx, w, cluster: Cluster, precision: str, kernel: str | None) -> tuple:
+    """(forward, backward) time of a layer's attention core: a flash kernel at its measured
+    throughput for the sequence one call sees (s / cp; the ring's blocks off the diagonal are
+    unmasked, so with cp > 1 the unmasked table), else the core as a GEMM (backward 2.5x
+    flash's forward, Dao 2023 §3.1; 2x eager's) in bf16 under fp8 recipes (compute.HIGH_PRECISION)."""
+    if not w.attn_flops:
+        return 0.0, 0.0
+    eff, gpu = cluster.efficiency, cluster.gpu
+    if ctx.flash and kernel:
+        timed = compute.attention_time_s(w.attn_flops, kernel, layer.causal and ctx.cp == 1, layer.d_qk,
+                                         ctx.seq_len / ctx.cp, gpu, eff)
+        if timed:
+            return timed
+    core_precision = precision if isinstance(eff, LegacyEfficiency) or precision != "fp8" else compute.HIGH_PRECISION
+    attn = compute.gemm_time_s(w.attn_flops, w.attn_intensity, gpu, core_precision, eff)
+    return attn, (FLASH_BWD_FACTOR if ctx.flash else 2.0) * attn
+
+
 @lru_cache(maxsize=65536)
 def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span: Span, cp_span: Span,
-               ep_span: Span) -> LayerCost:
-    """Forward, backward and recompute time of one layer (formulas in the module docstring)."""
+               ep_span: Span, kernel: str | None = None, tp_overlap: bool = False) -> LayerCost:
+    """Forward, backward and recompute time of one layer (formulas in the module docstring);
+    `kernel`: the flash attention kernel the runtime runs (runtimes.attention_kernel);
+    `tp_overlap`: whether it hides tensor-parallel collectives behind the GEMMs (runtimes.py)."""
     eff, gpu = cluster.efficiency, cluster.gpu
-    peak = gpu.flops(precision)
     w = layer_work(layer, ctx)
-    gemm = sum(compute.gemm_time_s(f, i, peak, eff) for f, i in w.gemms)
-    attn = compute.gemm_time_s(w.attn_flops, w.attn_intensity, peak, eff) if w.attn_flops else 0.0
-    mem = compute.memory_time_s(w.elementwise_bytes, gpu.hbm_Bps, eff)
-    core_mem = compute.memory_time_s(w.core_elementwise_bytes, gpu.hbm_Bps, eff)
+    gemm = sum(compute.gemm_time_s(f, i, gpu, precision, eff) for f, i in w.gemms)
+    attn, attn_bwd = attention_core_s(layer, ctx, w, cluster, precision, kernel)
+    mem = compute.memory_time_s(w.elementwise_bytes, gpu, eff)
+    core_mem = compute.memory_time_s(w.core_elementwise_bytes, gpu, eff)
     fwd = gemm + attn + mem + core_mem
-    bwd = 2 * gemm + (FLASH_BWD_FACTOR if ctx.flash else 2.0) * attn + ELEMENTWISE_BWD_FACTOR * (mem + core_mem)
+    bwd = 2 * gemm + attn_bwd + ELEMENTWISE_BWD_FACTOR * (mem + core_mem)
     tp_one = w.tp_collectives * comm.collective_time_s("all_reduce", w.tp_message_bytes, tp_span, cluster)
-    tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm)
+    if isinstance(eff, LegacyEfficiency):
+        tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm)
+    elif tp_overlap:
+        tp_one = max(0.0, tp_one - gemm)
     # Ring attention (context parallel): cp-1 K/V block exchanges, hidden behind the attention core.
     cp_step = (ctx.cp - 1) * comm.p2p_time_s(w.cp_message_bytes, cp_span.nodes > 1, cluster)
-    cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - FLASH_BWD_FACTOR * attn)
+    cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - attn_bwd)
     ep_one = w.ep_collectives * comm.collective_time_s("all_to_all", w.ep_message_bytes, ep_span, cluster)
     recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]
     none = layer_work(layer, _variant(ctx, "none", ctx.ep))
@@ -272,7 +296,15 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
     micro-batch, sequence parallelism, recompute mode and tp/cp/ep group spans shares."""
     return _layer_tables(model, cluster, setup.precision, layer_ctx(model, setup, tp, cp, ep, micro_batch,
                                                                     sequence_parallel),
-                         base_mode(recompute), spans["tp"], spans["cp"], spans["ep"])
+                         base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
+                         tp_overlap(setup.runtime))
+
+
+def kernel_of(cluster: Cluster, setup: TrainingSetup) -> str | None:
+    """The flash attention kernel the setup's runtime runs on this GPU (runtimes.py), of those
+    the GPU has measured tables for."""
+    m = cluster.gpu.measured
+    return attention_kernel(setup.runtime, m.kernels()) if m is not None else None
 
 
 def layer_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int, micro_batch: int,
@@ -300,17 +332,17 @@ def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: 
 
 @lru_cache(maxsize=4096)
 def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx, base_mode: str,
-                  tp_span: Span, cp_span: Span, ep_span: Span) -> LayerTables:
+                  tp_span: Span, cp_span: Span, ep_span: Span, kernel: str | None, overlap: bool) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order)."""
     gpu, eff = cluster.gpu, cluster.efficiency
-    peak = gpu.flops(precision)
+    head_precision = precision if isinstance(eff, LegacyEfficiency) or precision != "fp8" else compute.HIGH_PRECISION
     kinds, kind_index = _kinds(model)
     no_group = Span(size=1, per_node=1, nodes=1)
 
     def costs(mode):
         return [layer_cost(k, _kind_ctx(base, k, mode), cluster, precision, tp_span, cp_span,
-                           ep_span if k.experts else no_group) for k in kinds]
+                           ep_span if k.experts else no_group, kernel, overlap) for k in kinds]
 
     # only strategies with recompute 'full' read the full-recompute rows, and their base mode is
     # 'none': a 'selective' table never recomputes a layer fully, so its rows repeat the base's
@@ -326,14 +358,14 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     emb, head = embedding_work(model, base), head_work(model, base)
 
     def t_mem(n_bytes):
-        return compute.memory_time_s(n_bytes, gpu.hbm_Bps, eff)
+        return compute.memory_time_s(n_bytes, gpu, eff)
 
     def coll(n_bytes):
         return comm.collective_time_s("all_reduce", n_bytes, tp_span, cluster)
 
     ends = {"emb_comp": t_mem(emb.elementwise_bytes), "emb_tp": coll(emb.tp_message_bytes),
             "emb_params": emb.params_local, "emb_saved": emb.saved_bytes,
-            "head_comp": 3 * compute.gemm_time_s(head.gemm_flops, head.gemm_intensity, peak, eff)
+            "head_comp": 3 * compute.gemm_time_s(head.gemm_flops, head.gemm_intensity, gpu, head_precision, eff)
             + t_mem(head.elementwise_bytes),
             "head_tp": 2 * coll(head.tp_message_bytes or emb.tp_message_bytes),
             "head_params": head.params_local, "head_tied": tied_head_params(model, base.tp),
@@ -544,7 +576,7 @@ def optimizer_s(zero, dense, expert, shards, eshards, cluster: Cluster):
     sharded = np.greater_equal(zero, 1)
     return compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / np.where(sharded, shards, 1)
                                                          + expert / np.where(sharded, eshards, 1)),
-                                 cluster.gpu.hbm_Bps, cluster.efficiency)
+                                 cluster.gpu, cluster.efficiency)
 
 
 def split_terms(prof: Profile, bounds, recompute_layers=None) -> dict:

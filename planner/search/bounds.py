@@ -131,7 +131,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
     array operations more than their length), then sorted and split by setup; the Bounds of
     each are those bound_all gives it alone."""
     modes = space.recompute_modes(fixed)
-    shape = _shape(replace(setups[0], gpus=1, global_batch=1, runtime="any"))
+    shape = _shape(replace(setups[0], gpus=1, global_batch=1, memory_headroom=0.0))
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
     span_ids: dict = {}
     layouts: dict = {}
@@ -192,7 +192,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
 @lru_cache(maxsize=64)
 def _shape(shape: TrainingSetup) -> TrainingSetup:
     """The one instance of an equal setup shape: what a layer context depends on of the setup
-    (sequence, precision, attention), with which the cost model's caches are looked up many
+    (sequence, precision, attention, and the runtime's attention kernel), with which the cost model's caches are looked up many
     times a search; an instance met before matches by identity, with no field comparisons."""
     return shape
 

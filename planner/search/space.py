@@ -19,10 +19,7 @@ Runtimes restrict the space (RUNTIME_RULES); every flag the user fixed is a cons
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
-import numpy as np
-
+from planner.runtimes import RUNTIME_RULES, RuntimeRules
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup
@@ -37,52 +34,6 @@ MAX_STAGE_FACTOR = 2
 def stage_width(layers: int, pp: int) -> int:
     """The most layers one pipeline stage may hold."""
     return min(layers, MAX_STAGE_FACTOR * -(-layers // pp))
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeRules:
-    """What a training runtime can execute."""
-
-    zero: tuple[int, ...]
-    zero_with_pp: tuple[int, ...]
-    interleaving: bool
-    even_chunks: bool
-    """virtual chunks must hold equal layer counts"""
-    uneven_split: str
-    """'any' (any contiguous split), 'ends' (only the first and last stage differ), 'none'"""
-    uniform_recompute: bool
-    """one recompute-num-layers for every stage"""
-    context_parallel: bool
-    expert_parallel: bool
-    note: str
-    orders: tuple[str, ...] = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
-    replicate_alone: bool = False
-    """ZeRO-0 (plain replication) only when data parallelism is the only parallelism"""
-
-    def fixed_split(self, pp, vpp):
-        """Whether the even split is the only split: one stage, interleaving (equal virtual
-        chunks), or a runtime that splits evenly (elementwise over arrays of pp and vpp)."""
-        return np.equal(pp, 1) | np.greater(vpp, 1) | (self.uneven_split == "none")
-
-    def free_split(self, pp: int, vpp: int) -> bool:
-        """Whether any contiguous split is allowed (the split DP's case): 'any', or 'ends' with
-        two stages, which are both ends."""
-        return not self.fixed_split(pp, vpp) and (self.uneven_split == "any" or pp == 2)
-
-
-RUNTIME_RULES: dict[str, RuntimeRules] = {
-    "any": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", False, True, True,
-                        "no runtime restriction"),
-    "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", True, True, True,
-                             "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
-                             "for all stages; uneven split only on the first/last stage; equal virtual chunks"),
-    "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", True, False, True,
-                              "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
-                              "parallelism, even split, pipeline stages outermost", orders=("tp-cp-ep-dp-pp",)),
-    "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", True, True, True,
-                               "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism",
-                               orders=("tp-cp-ep-dp-pp",), replicate_alone=True),
-}
 
 
 def divisors(n: int) -> list[int]:

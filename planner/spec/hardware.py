@@ -10,64 +10,13 @@ from dataclasses import asdict, dataclass, replace
 
 from planner.errors import SpecError
 from planner.presets import resolve
+from planner.spec.efficiency import FAMILY_DEFAULTS, Efficiency, LegacyEfficiency, efficiency_from_fields
 from planner.spec.fields import Fields, load_mapping
+from planner.spec.measured import Measured
 from planner.units import GBps_to_Bps, gib_to_bytes, tflops_to_flops, us_to_s
 
 PRECISIONS = ("bf16", "fp16", "fp8")
 FAMILIES = ("ampere", "hopper", "blackwell", "cdna3", "ada", "generic")
-
-
-@dataclass(frozen=True, slots=True)
-class Efficiency:
-    """How close a cluster gets to its peaks; fitted by `planner calibrate` or family defaults.
-
-    GEMM time is FLOPs / (peak * gemm_peak_fraction) * (1 + gemm_intensity_half / I), with I the
-    GEMM's arithmetic intensity m*n*k / (m*k + k*n + m*n) (FLOP per element moved): a smooth
-    roofline whose efficiency halves at I = gemm_intensity_half.
-    """
-
-    gemm_peak_fraction: float
-    gemm_intensity_half: float
-    hbm_fraction: float
-    intra_link_fraction: float
-    inter_link_fraction: float
-    dp_overlap_fraction: float
-    """share of the last micro-batch's backward that can hide the DP gradient reduction"""
-    tp_overlap_fraction: float
-    """share of the tensor-parallel collectives hidden behind GEMMs (comm-GEMM overlap)"""
-    source: str = ""
-    """'fitted on ...' or 'default (<family>)'"""
-
-    PARAMETERS = ("gemm_peak_fraction", "gemm_intensity_half", "hbm_fraction", "intra_link_fraction",
-                  "inter_link_fraction", "dp_overlap_fraction", "tp_overlap_fraction")
-
-    def __post_init__(self) -> None:
-        for name in self.PARAMETERS:
-            value = getattr(self, name)
-            if name == "gemm_intensity_half":
-                if value < 0:
-                    raise SpecError(f"efficiency.{name}: expected a value >= 0, got {value}")
-            elif not 0 <= value <= 1 or value == 0 and not name.endswith("overlap_fraction"):
-                raise SpecError(f"efficiency.{name}: expected a value in (0, 1], got {value}")
-
-    def values(self) -> tuple[float, ...]:
-        return tuple(getattr(self, n) for n in self.PARAMETERS)
-
-    def with_values(self, values, source: str) -> "Efficiency":
-        return replace(self, **dict(zip(self.PARAMETERS, (float(v) for v in values))), source=source)
-
-
-# Unfitted defaults per architecture family (documented in README "Efficiency defaults"): typical
-# large-GEMM fractions of dense peak reported for cuBLAS/rocBLAS on each generation, HBM at ~85 %
-# of its datasheet figure (STREAM-like copy), links at ~80 % of their datasheet rate (nccl-tests
-# bus bandwidth), half of a micro-batch's backward available to hide the DP reduction, and no
-# comm-GEMM overlap of tensor-parallel collectives.
-FAMILY_DEFAULTS: dict[str, Efficiency] = {
-    family: Efficiency(gemm, half, 0.85, 0.80, 0.80, 0.5, 0.0, source=f"default ({family})")
-    for family, gemm, half in (
-        ("ampere", 0.78, 60.0), ("hopper", 0.70, 120.0), ("blackwell", 0.65, 150.0),
-        ("cdna3", 0.55, 150.0), ("ada", 0.70, 60.0), ("generic", 0.60, 100.0))
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +28,8 @@ class Gpu:
     """dense peaks per precision, (precision, FLOP/s)"""
     family: str = "generic"
     source: str = ""
+    measured: Measured | None = None
+    """kernel microbenchmarks (spec/measured.py); None: the family's typical figures"""
 
     def flops(self, precision: str) -> float:
         table = dict(self.peak_flops)
@@ -89,8 +40,11 @@ class Gpu:
         raise SpecError(f"GPU {self.name} lists no {precision} peak (it lists {', '.join(table)})")
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "memory_gib": self.memory_bytes / 1024**3, "hbm_GBps": self.hbm_Bps / 1e9,
-                "tflops": {p: v / 1e12 for p, v in self.peak_flops}, "family": self.family, "source": self.source}
+        d = {"name": self.name, "memory_gib": self.memory_bytes / 1024**3, "hbm_GBps": self.hbm_Bps / 1e9,
+             "tflops": {p: v / 1e12 for p, v in self.peak_flops}, "family": self.family, "source": self.source}
+        if self.measured is not None:
+            d["measured"] = self.measured.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, data: dict, where: str) -> "Gpu":
@@ -103,10 +57,11 @@ class Gpu:
             raise f.error("tflops", f"expected at least one of {', '.join(PRECISIONS)}")
         tf.reject_unknown(PRECISIONS)
         name = f.str("name", "gpu")
+        m = f.sub("measured")
         gpu = cls(name=name, memory_bytes=gib_to_bytes(f.float("memory_gib")),
                   hbm_Bps=GBps_to_Bps(f.float("hbm_GBps")), peak_flops=peaks,
                   family=f.choice("family", FAMILIES, guess_family(name, dict(peaks))),
-                  source=f.str("source", ""))
+                  source=f.str("source", ""), measured=Measured.from_fields(m) if m is not None else None)
         f.reject_unknown()
         return gpu
 
@@ -137,14 +92,22 @@ class LinkTier:
     mesh: bool = False
     """a fully connected mesh (one link per peer, e.g. MI300X): a group of n of the node's g GPUs
     reaches (n-1)/(g-1) of the GPU's total bandwidth"""
+    busbw_Bps: float | None = None
+    """measured nccl-tests bus bandwidth of large collectives over this tier (per GPU); None:
+    the typical share of the link rate (cost/comm.py)"""
 
     def to_dict(self) -> dict:
-        return {"GBps": self.Bps / 1e9, "latency_us": self.latency_s * 1e6, "mesh": self.mesh}
+        d = {"GBps": self.Bps / 1e9, "latency_us": self.latency_s * 1e6, "mesh": self.mesh}
+        if self.busbw_Bps is not None:
+            d["busbw_GBps"] = self.busbw_Bps / 1e9
+        return d
 
     @classmethod
     def from_fields(cls, f: Fields) -> "LinkTier":
-        tier = cls(Bps=GBps_to_Bps(f.float("GBps")), latency_s=us_to_s(f.float("latency_us", 5.0, positive=False)),
-                   mesh=f.bool("mesh", False))
+        bw = f.float("GBps")
+        busbw = f.float("busbw_GBps", None, maximum=bw * 1.25)
+        tier = cls(Bps=GBps_to_Bps(bw), latency_s=us_to_s(f.float("latency_us", 5.0, positive=False)),
+                   mesh=f.bool("mesh", False), busbw_Bps=GBps_to_Bps(busbw) if busbw is not None else None)
         f.raw("source", "")
         f.reject_unknown()
         return tier
@@ -157,7 +120,7 @@ class Cluster:
     gpus_per_node: int
     intra_node: LinkTier
     inter_node: LinkTier
-    efficiency: Efficiency
+    efficiency: Efficiency | LegacyEfficiency
     source: str = ""
 
     def to_dict(self) -> dict:
@@ -186,18 +149,8 @@ class Cluster:
         return cluster
 
 
-def _efficiency(f: Fields | None, gpu: Gpu) -> Efficiency:
-    default = FAMILY_DEFAULTS[gpu.family]
-    if f is None:
-        return default
-    values = {n: f.float(n, getattr(default, n), positive=not (n == "gemm_intensity_half" or n.endswith("overlap_fraction")))
-              for n in Efficiency.PARAMETERS}
-    fitted_on = f.raw("fitted_on", None)
-    source = f.str("source", "")
-    if not source:
-        source = f"fitted on {', '.join(fitted_on)}" if isinstance(fitted_on, list) else "given"
-    f.reject_unknown()
-    return Efficiency(**values, source=source)
+def _efficiency(f: Fields | None, gpu: Gpu) -> Efficiency | LegacyEfficiency:
+    return efficiency_from_fields(f, gpu.family)
 
 
 def load_gpu(ref: str) -> Gpu:

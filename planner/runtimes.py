@@ -1,0 +1,84 @@
+"""What each training runtime can execute and what it runs (one record per runtime), read by
+the search's legal space (search/space.py) and by the cost model (the attention kernel).
+
+The kernel facts: Megatron-Core with Transformer Engine runs cuDNN's fused attention on Hopper
+(and FlashAttention-2 where cuDNN has no measured table); PyTorch's scaled_dot_product_attention
+(torchtitan), DeepSpeed, nanotron and llm-foundry run FlashAttention-2 kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeRules:
+    """What a training runtime can execute."""
+
+    zero: tuple[int, ...]
+    zero_with_pp: tuple[int, ...]
+    interleaving: bool
+    even_chunks: bool
+    """virtual chunks must hold equal layer counts"""
+    uneven_split: str
+    """'any' (any contiguous split), 'ends' (only the first and last stage differ), 'none'"""
+    uniform_recompute: bool
+    """one recompute-num-layers for every stage"""
+    context_parallel: bool
+    expert_parallel: bool
+    note: str
+    orders: tuple[str, ...] = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
+    replicate_alone: bool = False
+    """ZeRO-0 (plain replication) only when data parallelism is the only parallelism"""
+    tp_overlap: bool = False
+    """hides tensor-parallel collectives behind the GEMMs they feed (Transformer Engine's
+    userbuffers comm-GEMM overlap, --tp-comm-overlap): exposed is what the GEMMs cannot cover"""
+    attention: tuple[str, ...] = ("fa2",)
+    """flash attention kernels it runs, preferred first (spec/measured.KERNELS): the cost model
+    prices the first one the GPU has a measured table of (cost/compute.attention_time_s)"""
+
+    def fixed_split(self, pp, vpp):
+        """Whether the even split is the only split: one stage, interleaving (equal virtual
+        chunks), or a runtime that splits evenly (elementwise over arrays of pp and vpp)."""
+        return np.equal(pp, 1) | np.greater(vpp, 1) | (self.uneven_split == "none")
+
+    def free_split(self, pp: int, vpp: int) -> bool:
+        """Whether any contiguous split is allowed (the split DP's case): 'any', or 'ends' with
+        two stages, which are both ends."""
+        return not self.fixed_split(pp, vpp) and (self.uneven_split == "any" or pp == 2)
+
+
+RUNTIME_RULES: dict[str, RuntimeRules] = {
+    "any": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", False, True, True,
+                        "no runtime restriction", tp_overlap=True, attention=("cudnn", "fa2")),
+    "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", True, True, True,
+                             "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
+                             "for all stages; uneven split only on the first/last stage; equal virtual chunks",
+                             tp_overlap=True, attention=("cudnn", "fa2")),
+    "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", True, False, True,
+                              "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
+                              "parallelism, even split, pipeline stages outermost", orders=("tp-cp-ep-dp-pp",)),
+    "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", True, True, True,
+                               "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism",
+                               orders=("tp-cp-ep-dp-pp",), replicate_alone=True),
+}
+# Runtimes that published runs ran on but that the search does not target: their space is left
+# unrestricted; what the cost model reads of them is the attention kernel.
+RUNTIME_RULES["megatron@2022"] = RuntimeRules(
+    (0, 1), (0, 1), True, True, "ends", True, True, True,
+    "Megatron-LM of 2021-22 (the SC21 and Korthikanti et al. runs): no TP comm overlap, gradients all-reduced "
+    "after backward (dp_overlap false), no fused attention")
+for _name, _note in (("nanotron", "nanotron (flash_attn)"), ("composer", "MosaicML llm-foundry (FSDP, flash_attn)"),
+                     ("other", "a runtime not described here (flash_attn assumed)")):
+    RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", False, True, True, _note)
+
+
+def tp_overlap(runtime: str) -> bool:
+    return RUNTIME_RULES[runtime].tp_overlap
+
+
+def attention_kernel(runtime: str, kernels: tuple[str, ...]) -> str | None:
+    """The kernel `runtime` runs of those a GPU has tables for (`kernels`), or None."""
+    return next((k for k in RUNTIME_RULES[runtime].attention if k in kernels), None)
