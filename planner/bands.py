@@ -9,10 +9,16 @@ default); a measured step time then lies in [predicted / (1 + high), predicted /
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
+RESIDUALS = Path(__file__).resolve().parent / "data" / "residuals.json"
+"""the out-of-sample errors of the bundled runs, as `planner validate --save-residuals` writes them
+(a test keeps the file equal to what validate computes)"""
 QUANTILES = (0.10, 0.90)
 MIN_ROWS = 5
 """fewest out-of-sample rows a band is taken from (else the next wider basis)"""
@@ -56,3 +62,30 @@ def band(gpu: str, family: str, residuals: list[Residual], exclude_document: str
             low, high = np.quantile([r.error for r in rows], QUANTILES)
             return Band(low=float(low), high=float(high), rows=len(rows), basis=basis)
     return None
+
+
+def residuals_json(residuals: list[Residual]) -> str:
+    from planner.plan import rounded
+    rows = sorted((asdict(r) for r in residuals), key=lambda r: (r["gpu"], r["document"], r["error"]))
+    return json.dumps(rounded(rows), indent=1, sort_keys=True) + "\n"
+
+
+@lru_cache(maxsize=1)
+def bundled_residuals() -> tuple[Residual, ...]:
+    return tuple(Residual(**row) for row in json.loads(RESIDUALS.read_text()))
+
+
+def prediction_band(cluster) -> Band:
+    """The band a plan on `cluster` carries: its GPU's (or family's) out-of-sample errors; where
+    the cluster's efficiencies were not fitted on its own runs (borrowed or family defaults), the
+    union of every band its family's GPUs and all GPUs have, and labelled so."""
+    pool = list(bundled_residuals())
+    gpu = cluster.gpu
+    found = band(gpu.name, gpu.family, pool)
+    if cluster.efficiency.source.startswith("fitted on"):
+        return found
+    others = [band(r.gpu, r.family, pool) for r in pool if r.family == gpu.family] + [band("", "", pool)]
+    source = cluster.efficiency.source.split(":")[0]
+    return Band(low=min(b.low for b in [found, *others]), high=max(b.high for b in [found, *others]),
+                rows=found.rows,
+                basis=f"{found.basis}, widened to its family's and all GPUs' (efficiencies of {cluster.name}: {source})")

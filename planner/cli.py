@@ -51,6 +51,17 @@ def _setup_options(f):
     return f
 
 
+def _read_plan(path) -> dict:
+    """A plan file, and on stderr what its reader should know if its schema is an older one."""
+    from planner.plan import old_schema_note, read_plan
+    doc = read_plan(path)
+    note = old_schema_note(doc, path)
+    if note:
+        from planner import report
+        report.err.print(f"note: {note}", markup=False, highlight=False)
+    return doc
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="planner")
 def cli() -> None:
@@ -105,7 +116,9 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
 @click.option("--plans", "with_plans", is_flag=True,
               help="also search each run's setup and compare the plan with the published configuration")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document on stdout")
-def validate(runs_file, no_loso, with_plans, as_json):
+@click.option("--save-residuals", "residuals_file", type=click.Path(dir_okay=False),
+              help="write the out-of-sample errors (the plans' bands read planner/data/residuals.json)")
+def validate(runs_file, no_loso, with_plans, as_json, residuals_file):
     """Predicted vs published step times: per-run error, MAPE, leave-one-source-out.
 
     Without --runs: the bundled calibration set, then the bundled out-of-sample checks."""
@@ -122,6 +135,11 @@ def validate(runs_file, no_loso, with_plans, as_json):
     with report.progress("validating") as step:
         result = run_validation(runs, loso=not no_loso, checks=checks, plans=with_plans, progress=step)
     doc = rounded(summary(result))
+    if residuals_file:
+        from planner.bands import residuals_json
+        from planner.plan import write_atomic
+        from planner.validate import residuals
+        write_atomic(residuals_file, residuals_json(residuals(result)))
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
@@ -232,9 +250,9 @@ def ranks(plan_file, as_json):
     import json
 
     from planner import report
-    from planner.plan import rank_groups_of, read_plan
+    from planner.plan import rank_groups_of
 
-    doc = read_plan(plan_file)
+    doc = _read_plan(plan_file)
     groups = rank_groups_of(doc)
     if as_json:
         click.echo(json.dumps(groups, indent=2, sort_keys=True))
@@ -272,7 +290,7 @@ def bench(repeat, quick, as_json):
 
 @cli.command()
 def schema():
-    """Print the JSON Schema of planner.plan/v1."""
+    """Print the JSON Schema of planner.plan/v2 (the plans this version writes)."""
     import json
 
     from planner.schema import PLAN_SCHEMA
@@ -289,9 +307,9 @@ def diff_command(old_file, new_file, as_json):
 
     from planner import report
     from planner.compare import diff
-    from planner.plan import read_plan, rounded
+    from planner.plan import rounded
 
-    changes = diff(read_plan(old_file), read_plan(new_file))
+    changes = diff(_read_plan(old_file), _read_plan(new_file))
     if as_json:
         click.echo(json.dumps(rounded({"equivalent": not changes, "changes": changes}), indent=2, sort_keys=True))
     else:
@@ -310,10 +328,10 @@ def check_command(plan_file, tolerance, refresh_presets, as_json):
     import json
 
     from planner import report
-    from planner.plan import read_plan, rounded
+    from planner.plan import rounded
     from planner.planning import check_plan
 
-    doc = read_plan(plan_file)
+    doc = _read_plan(plan_file)
     with report.progress("re-planning", delay_s=1.0):
         result = check_plan(doc, tolerance, refresh_presets)
     if as_json:
@@ -332,9 +350,9 @@ def check_command(plan_file, tolerance, refresh_presets, as_json):
 def export_command(plan_file, runtime, fmt, output):
     """Turn a plan into the configuration of a training runtime."""
     from planner.export import export
-    from planner.plan import read_plan, write_atomic
+    from planner.plan import write_atomic
 
-    text = export(read_plan(plan_file), runtime, fmt)
+    text = export(_read_plan(plan_file), runtime, fmt)
     if output:
         write_atomic(output, text)
         from planner.report import err

@@ -1,4 +1,5 @@
-"""Plan documents (schema planner.plan/v1): build from an estimate, serialise byte-stably.
+"""Plan documents (schema planner.plan/v2; v1 still read): build from an estimate, serialise
+byte-stably.
 
 Same inputs give a byte-identical file: keys sorted, floats rounded to 6 significant digits, no
 timestamps. `inputs.sha256` hashes the canonical JSON of the other inputs.
@@ -14,13 +15,14 @@ from pathlib import Path
 
 from planner import __version__
 from planner.cost.memory import MEMORY_KEYS
+from planner.bands import prediction_band
 from planner.cost.step import StepEstimate
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup
 from planner.units import bytes_to_gib, round_sig
 
-SCHEMA = "planner.plan/v1"
+SCHEMA = "planner.plan/v2"
 
 
 def rounded(value):
@@ -51,12 +53,15 @@ def strategy_block(s: Strategy, setup: TrainingSetup) -> dict:
     return s.to_dict(setup.global_batch)
 
 
-def prediction_block(est: StepEstimate) -> dict:
+def prediction_block(est: StepEstimate, band) -> dict:
+    lo, hi = band.step_time_range_s(est.step_time_s)
     return {"step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
-            "model_tflops_per_gpu": est.model_tflops_per_gpu, "mfu": est.mfu,
+            "model_tflops_per_gpu": est.model_tflops_per_gpu, "mfu": est.mfu, "hfu": est.hfu,
             "peak_memory_gib": bytes_to_gib(est.peak_memory_bytes), "fits": est.fits,
             "capacity_gib": bytes_to_gib(est.capacity_bytes),
-            "breakdown_s": dict(est.breakdown_s), "memory_gib": memory_gib(est.memory)}
+            "breakdown_s": dict(est.breakdown_s), "memory_gib": memory_gib(est.memory),
+            "band": {"low_error": band.low, "high_error": band.high, "step_time_s": [lo, hi], "rows": band.rows,
+                     "basis": band.basis}}
 
 
 def alternative_entry(s: Strategy, setup: TrainingSetup, step_time_s: float, peak_memory_bytes: float, fits: bool,
@@ -91,7 +96,7 @@ def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Stra
         "strategy": strategy_block(s, setup),
         "stages": stages,
         "placement": {"order": s.order, "tiers": dict(est.tiers)},
-        "prediction": prediction_block(est),
+        "prediction": prediction_block(est, prediction_band(cluster)),
         "alternatives": alternatives or [],
         "notes": notes or [],
     }
@@ -129,7 +134,7 @@ def read_plan(path) -> dict:
     """A plan document from a file, validated against the schema (PlanFormatError naming the
     file and the key that is wrong)."""
     from planner.errors import PlanFormatError
-    from planner.schema import PLAN_SCHEMA, check
+    from planner.schema import SCHEMAS, check
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -140,13 +145,22 @@ def read_plan(path) -> dict:
         raise PlanFormatError(f"{path}: not a JSON document (line {e.lineno}, column {e.colno}: {e.msg})") from None
     if not isinstance(doc, dict):
         raise PlanFormatError(f"{path}: expected a JSON object, got {type(doc).__name__}")
-    if doc.get("schema") != SCHEMA:
-        raise PlanFormatError(f"{path}: schema {doc.get('schema')!r} is not {SCHEMA} (this planner reads {SCHEMA})")
+    if doc.get("schema") not in SCHEMAS:
+        raise PlanFormatError(f"{path}: schema {doc.get('schema')!r} is not a plan schema this planner reads "
+                              f"({', '.join(SCHEMAS)})")
     try:
-        check(doc, PLAN_SCHEMA)
+        check(doc, SCHEMAS[doc["schema"]])
     except PlanFormatError as e:
         raise PlanFormatError(f"{path}: {e}") from None
     return doc
+
+
+def old_schema_note(doc: dict, path) -> str | None:
+    """What a reader of an older plan should know (None for a current one)."""
+    if doc.get("schema") == SCHEMA:
+        return None
+    return (f"{path} is a {doc['schema']} plan (planner {doc.get('planner_version', '?')}): read as such; it has "
+            f"no band, HFU or memory headroom, and re-planning it writes {SCHEMA}")
 
 
 def rank_groups_of(doc: dict) -> dict:

@@ -26,11 +26,22 @@ def estimate_table(plan: dict) -> None:
     summary.add_column(style="bold")
     summary.add_column(justify="right")
     fits = "[green]fits[/green]" if pr["fits"] else f"[red]does NOT fit ({pr['capacity_gib']:.1f} GiB per GPU)[/red]"
-    for label, value in (("step time", _fmt_s(pr["step_time_s"])), ("tokens/s", f"{pr['tokens_per_s']:,.0f}"),
-                         ("model TFLOP/s per GPU", f"{pr['model_tflops_per_gpu']:.1f}"), ("MFU", f"{pr['mfu'] * 100:.1f} %"),
-                         ("memory per GPU", f"{pr['peak_memory_gib']:.2f} GiB  {fits}")):
+    rows = [("step time", _fmt_s(pr["step_time_s"]))]
+    band = pr.get("band")
+    if band:
+        lo, hi = band["step_time_s"]
+        rows.append(("measured, 10-90 %", f"{_fmt_s(lo)} - {_fmt_s(hi)}"))
+    rows += [("tokens/s", f"{pr['tokens_per_s']:,.0f}"), ("model TFLOP/s per GPU", f"{pr['model_tflops_per_gpu']:.1f}"),
+             ("MFU", f"{pr['mfu'] * 100:.1f} %")]
+    if "hfu" in pr:
+        rows.append(("HFU", f"{pr['hfu'] * 100:.1f} %"))
+    rows.append(("memory per GPU", f"{pr['peak_memory_gib']:.2f} GiB  {fits}"))
+    for label, value in rows:
         summary.add_row(label, value)
     err.print(summary)
+    if band:
+        err.print(f"band: {band['low_error'] * 100:+.1f} % to {band['high_error'] * 100:+.1f} % of measured, "
+                  f"from {band['rows']} out-of-sample runs ({band['basis']})", markup=False, highlight=False)
     time_t = Table(title="step time", title_justify="left")
     time_t.add_column("term")
     time_t.add_column("time", justify="right")

@@ -1,6 +1,13 @@
-"""The JSON Schema of planner.plan/v1, and a small validator for the subset it uses (type,
-required, properties, additionalProperties, items, enum, minimum) so reading a plan names the
-exact key that is missing or wrong, without a jsonschema dependency."""
+"""The JSON Schemas of planner.plan/v2 (written) and planner.plan/v1 (still read), and a small
+validator for the subset they use (type, required, properties, additionalProperties, items, enum,
+minimum) so reading a plan names the exact key that is missing or wrong, without a jsonschema
+dependency.
+
+v2 over v1: prediction.hfu and prediction.band (how sure the step time is: the spread of
+out-of-sample errors, planner/bands.py), inputs.training.memory_headroom (required), and two
+optional keys that later features fill: runnable_on (the runtimes that execute the plan) and
+pools (mixed clusters). A v1 plan lacks the first three; diff, check, export and ranks read it.
+"""
 
 from __future__ import annotations
 
@@ -38,38 +45,57 @@ STAGE = _obj({"index": {"type": "integer", "minimum": 0}, "layers": _RANGE,
 
 BREAKDOWN = _obj({k: _NUM for k in BREAKDOWN_KEYS})
 MEMORY = _obj({k: _NUM for k in MEMORY_KEYS})
-PREDICTION = _obj({"step_time_s": _NUM, "tokens_per_s": _NUM, "model_tflops_per_gpu": _NUM, "mfu": _NUM,
-                   "peak_memory_gib": _NUM, "fits": _BOOL, "capacity_gib": _NUM, "breakdown_s": BREAKDOWN,
-                   "memory_gib": MEMORY})
-TRAINING = _obj({"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
-                 "precision": {"type": "string", "enum": ["bf16", "fp16", "fp8"]},
-                 "attention": {"type": "string", "enum": ["flash", "eager"]},
-                 "runtime": {"type": "string", "enum": ["any", "megatron", "deepspeed", "torchtitan"]},
-                 "memory_headroom": _NUM},
-                required=["gpus", "global_batch", "seq_len", "precision", "attention", "runtime"])
+_PREDICTION_V1 = {"step_time_s": _NUM, "tokens_per_s": _NUM, "model_tflops_per_gpu": _NUM, "mfu": _NUM,
+                  "peak_memory_gib": _NUM, "fits": _BOOL, "capacity_gib": _NUM, "breakdown_s": BREAKDOWN,
+                  "memory_gib": MEMORY}
+BAND = _obj({"low_error": _NUM, "high_error": _NUM,
+             "step_time_s": {"type": "array", "items": _NUM, "minItems": 2, "maxItems": 2},
+             "rows": {"type": "integer", "minimum": 0}, "basis": _STR})
+"""10th-90th percentile of signed out-of-sample errors (predicted / measured - 1) and the measured
+step times they allow, with what they were taken from"""
+PREDICTION = _obj({**_PREDICTION_V1, "hfu": _NUM, "band": BAND})
+_TRAINING = {"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
+             "precision": {"type": "string", "enum": ["bf16", "fp16", "fp8"]},
+             "attention": {"type": "string", "enum": ["flash", "eager"]},
+             "runtime": {"type": "string", "enum": ["any", "megatron", "deepspeed", "torchtitan"]}}
+TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM})
+_SOLVER = _obj({"name": _STR, "time_limit_s": _NUM})
 INPUTS = _obj({"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,
-               "constraints": {"type": "object"},
-               "solver": _obj({"name": _STR, "time_limit_s": _NUM}), "sha256": _STR})
+               "constraints": {"type": "object"}, "solver": _SOLVER, "sha256": _STR})
 ALTERNATIVE = _obj({"strategy": STRATEGY, "step_time_s": _NUM, "peak_memory_gib": _NUM, "why_not": _STR})
+RUNNABLE = _obj({"runtime": _STR, "checked_against": _STR})
 
-PLAN_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://planner.dev/schema/planner.plan/v1.json",
-    "title": "planner.plan/v1",
-    **_obj({
-        "schema": {"type": "string", "enum": ["planner.plan/v1"]},
-        "planner_version": _STR,
-        "inputs": INPUTS,
-        "strategy": STRATEGY,
-        "stages": {"type": "array", "items": STAGE, "minItems": 1},
-        "placement": _obj({"order": _STR, "tiers": {"type": "object"}}),
-        "prediction": PREDICTION,
-        "alternatives": {"type": "array", "items": ALTERNATIVE},
-        "notes": {"type": "array", "items": _STR},
-        "search": {"type": "object"},
-    }, required=["schema", "planner_version", "inputs", "strategy", "stages", "placement", "prediction",
-                 "alternatives"]),
-}
+
+def _plan(version: str, inputs: dict, prediction: dict, extra: dict) -> dict:
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://planner.dev/schema/planner.plan/{version}.json",
+        "title": f"planner.plan/{version}",
+        **_obj({
+            "schema": {"type": "string", "enum": [f"planner.plan/{version}"]},
+            "planner_version": _STR,
+            "inputs": inputs,
+            "strategy": STRATEGY,
+            "stages": {"type": "array", "items": STAGE, "minItems": 1},
+            "placement": _obj({"order": _STR, "tiers": {"type": "object"}}),
+            "prediction": prediction,
+            "alternatives": {"type": "array", "items": ALTERNATIVE},
+            "notes": {"type": "array", "items": _STR},
+            "search": {"type": "object"},
+            **extra,
+        }, required=["schema", "planner_version", "inputs", "strategy", "stages", "placement", "prediction",
+                     "alternatives"]),
+    }
+
+
+PLAN_SCHEMA = _plan("v2", INPUTS, PREDICTION, {"runnable_on": {"type": "array", "items": RUNNABLE},
+                                              "pools": {"type": "array", "items": {"type": "object"}}})
+PLAN_SCHEMA_V1 = _plan("v1", _obj({"model": {"type": "object"}, "cluster": {"type": "object"},
+                                   "training": _obj(_TRAINING), "constraints": {"type": "object"},
+                                   "solver": _SOLVER, "sha256": _STR}),
+                       _obj(_PREDICTION_V1), {})
+SCHEMAS = {"planner.plan/v2": PLAN_SCHEMA, "planner.plan/v1": PLAN_SCHEMA_V1}
+"""every plan schema this planner reads, newest first"""
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
 

@@ -53,7 +53,7 @@ def plan(estimate_run) -> dict:
 def test_estimate_json_is_one_document(estimate_run):
     assert estimate_run.returncode == 0, estimate_run.stderr
     doc = json.loads(estimate_run.stdout)  # raises on anything besides one JSON document
-    assert doc["schema"] == "planner.plan/v1"
+    assert doc["schema"] == "planner.plan/v2"
     assert estimate_run.stdout.endswith("}\n")
 
 

@@ -326,3 +326,35 @@ def test_tensor_parallel_overlap_hides_collectives_up_to_the_gemms():
     assert cost(cluster, True).fwd == cost(cluster, False).fwd
     slow = replace(cluster, intra_node=replace(cluster.intra_node, busbw_Bps=cluster.intra_node.busbw_Bps / 50))
     assert 0 < cost(slow, True).tp < cost(slow, False).tp  # what the GEMMs cannot cover stays exposed
+
+
+@pytest.mark.parametrize("model_name,seq_len,recompute", [("llama3-8b", 32768, "none"), ("llama3-70b", 8192, "full"),
+                                                         ("mixtral-8x7b", 4096, "selective"), ("gpt3-175b", 2048, "full")])
+@pytest.mark.parametrize("cluster_name", ["dgx-h100", "dgx-a100-80g", "dgx-b200", "l40s-pcie-8"])
+def test_hfu_is_at_most_one_for_the_most_efficient_legal_block(model_name, seq_len, recompute, cluster_name):
+    """Every kernel at its measured speed (framework_fraction 1), every overlap complete: the GPUs
+    still execute no more than their dense peak (MFU, which counts causal attention in full as
+    published tables do, may exceed that at long sequences)."""
+    from planner.spec.efficiency import Efficiency
+    from planner.spec.training import TrainingSetup, resolve_strategy
+
+    model, base = load_model(model_name), load_cluster(cluster_name)
+    cluster = replace(base, efficiency=Efficiency(framework_fraction=1.0, dp_overlap_fraction=1.0))
+    setup = TrainingSetup(gpus=16, global_batch=32, seq_len=seq_len, runtime="megatron")
+    knobs = {"tp": 2, "pp": 2, "recompute": recompute}
+    if model.moe:
+        knobs["ep"] = 2
+    est = estimate(model, cluster, setup, resolve_strategy(knobs, setup))
+    assert 0 < est.hfu <= 1.0
+
+
+def test_hfu_equals_mfu_where_every_flop_counted_is_executed_once():
+    """Non-causal eager attention, no recomputation: the GPUs execute exactly the model FLOPs."""
+    from planner.spec.training import TrainingSetup, resolve_strategy
+
+    model, cluster = load_model("bert-large"), load_cluster("dgx-a100-80g")
+    setup = TrainingSetup(gpus=8, global_batch=64, seq_len=512, attention="eager")
+    est = estimate(model, cluster, setup, resolve_strategy({"tp": 1}, setup))
+    assert est.hfu == pytest.approx(est.mfu, rel=1e-12)
+    full = estimate(model, cluster, setup, resolve_strategy({"tp": 1, "recompute": "full"}, setup))
+    assert full.hfu > full.mfu * (1 + 1 / 3) * 0.9  # the layers' forward once more (the head is not recomputed)

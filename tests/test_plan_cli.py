@@ -22,7 +22,7 @@ def plan_doc(tmp_path_factory):
 def test_plan_prints_one_document_and_writes_the_same_bytes(plan_doc):
     path, stdout = plan_doc
     doc = json.loads(stdout)
-    assert doc["schema"] == "planner.plan/v1"
+    assert doc["schema"] == "planner.plan/v2"
     assert path.read_text() == stdout
     assert doc["prediction"]["fits"]
     assert doc["search"]["priced"] >= 1 and doc["search"]["considered"] >= doc["search"]["priced"]
@@ -207,7 +207,7 @@ def test_truncated_plan_exits_2(plan_doc, tmp_path):
 
 def test_schema_describes_the_plan(plan_doc):
     schema = json.loads(run("schema").stdout)
-    assert schema["title"] == "planner.plan/v1"
+    assert schema["title"] == "planner.plan/v2"
     assert set(schema["required"]) <= set(json.loads(plan_doc[1]))
 
 
@@ -270,3 +270,13 @@ def test_a_plan_of_schema_v1_with_a_seven_fraction_efficiency_block_rechecks_unc
     result = run("check", str(path), "--tolerance", "0")
     assert result.returncode == 0, result.stderr
     assert "same strategy; step time +0.00%" in result.stderr
+
+
+def test_diff_export_and_ranks_read_a_v1_plan_and_say_so():
+    from pathlib import Path
+
+    path = str(Path(__file__).parent / "data" / "plan_v1_291d48b.json")
+    for args in (("diff", path, path), ("export", path, "--to", "deepspeed"), ("ranks", path)):
+        result = run(*args)
+        assert result.returncode == 0, (args, result.stderr)
+        assert "is a planner.plan/v1 plan" in result.stderr

@@ -79,6 +79,9 @@ class StepEstimate:
     tokens_per_s: float
     model_tflops_per_gpu: float
     mfu: float
+    hfu: float
+    """FLOPs the GPUs execute (causal flash at half the scores, recomputation included) over the
+    dense peak: at most 1 for any efficiency block (executed_flops_per_step)"""
     fits: bool
     capacity_bytes: float
     tiers: dict = field(hash=False)
@@ -646,11 +649,13 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     flops = model_flops_per_sequence(model, setup.seq_len) * setup.global_batch
     peak_stage = max(stages, key=lambda st: st.memory.total)
     degrees = {"tp": s.tp, "cp": s.cp, "dp": s.dp, "pp": s.pp, "ep": s.ep}
+    executed = executed_flops_per_step(model, setup, s, stages)
     return StepEstimate(
         step_time_s=step_s, breakdown_s={k: breakdown[k] for k in BREAKDOWN_KEYS}, memory=peak_stage.memory,
         stages=tuple(stages), model_flops_per_step=flops,
         tokens_per_s=setup.global_batch * setup.seq_len / step_s,
         model_tflops_per_gpu=flops / step_s / setup.gpus / 1e12, mfu=flops / step_s / setup.gpus / peak,
+        hfu=executed / step_s / setup.gpus / peak,
         fits=peak_stage.memory.total <= memory.capacity_bytes(cluster, setup),
         capacity_bytes=memory.capacity_bytes(cluster, setup),
         tiers=tiers(s.order, degrees, min(cluster.gpus_per_node, setup.gpus)))
@@ -663,3 +668,34 @@ def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:
     ctx = Ctx(micro_batch=1, seq_len=seq_len)
     fwd = sum(layer_work(l, ctx).model_flops for l in _layers(model)) + head_work(model, ctx).model_flops
     return 3 * fwd
+
+
+@lru_cache(maxsize=64)
+def _executed_per_sequence(model: ModelSpec, seq_len: int, flash: bool) -> tuple[np.ndarray, np.ndarray, float]:
+    """Of one sequence: per layer of the chain the forward FLOPs a GPU executes (its GEMMs and
+    attention core, causal flash at half the scores) and the attention core's part; and the LM
+    head's forward."""
+    ctx = Ctx(micro_batch=1, seq_len=seq_len, flash=flash)
+    works = [layer_work(layer, ctx) for layer in _layers(model)]
+    return (np.array([sum(f for f, _ in w.gemms) + w.attn_flops for w in works]),
+            np.array([w.attn_flops for w in works]), head_work(model, ctx).gemm_flops)
+
+
+def executed_flops_per_step(model: ModelSpec, setup: TrainingSetup, s: Strategy, stages) -> float:
+    """FLOPs the GPUs execute in one step: forward, backward at twice the forward (a flash
+    attention core's at 2.5x: it recomputes the scores, Dao 2023 §3.1), and what recomputation
+    runs again (the forward of each stage's recomputed layers under 'full', the attention core
+    under 'selective'), for every sequence of the global batch."""
+    fwd, attn, head = _executed_per_sequence(model, setup.seq_len, setup.attention == "flash")
+    extra = (FLASH_BWD_FACTOR - 2.0) if setup.attention == "flash" else 0.0
+    total = 3 * fwd.sum() + extra * attn.sum() + 3 * head
+    if s.recompute == "selective":
+        total += attn.sum()
+    elif s.recompute == "full":
+        for stage in stages:
+            left = stage.recompute_layers
+            for a, b in stage.chunks:
+                r = min(left, b - a)
+                total += fwd[a:a + r].sum()
+                left -= r
+    return float(total * setup.global_batch)

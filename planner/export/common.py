@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from planner.errors import ExportError, PlanFormatError
-from planner.plan import SCHEMA
+from planner.schema import SCHEMAS
 from planner.spec.model import ModelSpec
 
 Chunk = tuple[int, int]
@@ -93,9 +93,9 @@ def _get(doc: dict, path: str):
 
 def read(plan: dict) -> PlanView:
     """The plan's model, training setup, strategy and stages (PlanFormatError naming a missing key)."""
-    if not isinstance(plan, dict) or plan.get("schema") != SCHEMA:
+    if not isinstance(plan, dict) or plan.get("schema") not in SCHEMAS:
         found = plan.get("schema") if isinstance(plan, dict) else type(plan).__name__
-        raise PlanFormatError(f"schema {found!r} is not {SCHEMA}")
+        raise PlanFormatError(f"schema {found!r} is not one of {', '.join(SCHEMAS)}")
     model = ModelSpec.from_dict(_get(plan, "inputs.model"), "plan inputs.model")
     training, strategy = _get(plan, "inputs.training"), _get(plan, "strategy")
     stages = []

@@ -63,6 +63,11 @@ class Gpu:
                   family=f.choice("family", FAMILIES, guess_family(name, dict(peaks))),
                   source=f.str("source", ""), measured=Measured.from_fields(m) if m is not None else None)
         f.reject_unknown()
+        fastest = max((t.points[k][1] for t in gpu.measured.attention for k in range(len(t.points))), default=0.0) \
+            if gpu.measured else 0.0
+        if fastest * 1e12 > gpu.flops("bf16" if any(p == "bf16" for p, _ in peaks) else peaks[0][0]):
+            raise f.error("measured.attention", f"an attention kernel at {fastest:g} TFLOP/s is faster than the "
+                          "GPU's dense bf16 peak")
         return gpu
 
 
