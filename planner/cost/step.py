@@ -112,15 +112,17 @@ class LayerCost:
 
 def attention_core_s(layer: Layer, ctx: Ctx, w, cluster: Cluster, precision: str, kernel: str | None) -> tuple:
     """(forward, backward) time of a layer's attention core: a flash kernel at its measured
-    throughput for the sequence one call sees (s / cp; the ring's blocks off the diagonal are
-    unmasked, so with cp > 1 the unmasked table), else the core as a GEMM (backward 2.5x
-    flash's forward, Dao 2023 §3.1; 2x eager's) in bf16 under fp8 recipes (compute.HIGH_PRECISION)."""
+    throughput for the sequence one call sees (s / cp: each ring step attends one chunk to
+    another; priced with the masked table, though only the diagonal steps are masked, because
+    load-balanced causal rings split each chunk in two and call the kernel on those halves),
+    else the core as a GEMM (backward 2.5x flash's forward, Dao 2023 §3.1; 2x eager's) in bf16
+    under fp8 recipes (compute.HIGH_PRECISION)."""
     if not w.attn_flops:
         return 0.0, 0.0
     eff, gpu = cluster.efficiency, cluster.gpu
     if ctx.flash and kernel:
-        timed = compute.attention_time_s(w.attn_flops, kernel, layer.causal and ctx.cp == 1, layer.d_qk,
-                                         ctx.seq_len / ctx.cp, gpu, eff)
+        timed = compute.attention_time_s(w.attn_flops, kernel, layer.causal, layer.d_qk, ctx.seq_len / ctx.cp,
+                                         gpu, eff)
         if timed:
             return timed
     core_precision = precision if isinstance(eff, LegacyEfficiency) or precision != "fp8" else compute.HIGH_PRECISION
