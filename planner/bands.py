@@ -89,3 +89,33 @@ def prediction_band(cluster) -> Band:
     return Band(low=min(b.low for b in [found, *others]), high=max(b.high for b in [found, *others]),
                 rows=found.rows,
                 basis=f"{found.basis}, widened to its family's and all GPUs' (efficiencies of {cluster.name}: {source})")
+
+
+BEST_MFU = Path(__file__).resolve().parent / "data" / "best_mfu.yaml"
+MFU_MARGIN = 0.03
+"""how far above the best published MFU of its GPU and precision a prediction may go unflagged"""
+
+
+@lru_cache(maxsize=1)
+def _best_mfu() -> dict:
+    import yaml
+    best: dict = {}
+    for row in yaml.safe_load(BEST_MFU.read_text()):
+        key = (row["gpu"], row["precision"])
+        if row["mfu"] > best.get(key, (0.0, ""))[0]:
+            best[key] = (row["mfu"], row["source"].split(":")[0])
+    return best
+
+
+def best_published_mfu(gpu: str, precision: str) -> tuple[float, str] | None:
+    """(the best MFU published for this GPU and precision, its source), or None."""
+    return _best_mfu().get((gpu, "bf16" if precision == "fp16" else precision))
+
+
+def mfu_warning(gpu: str, precision: str, mfu: float) -> str | None:
+    """A note when a predicted MFU beats the best published one by more than MFU_MARGIN."""
+    found = best_published_mfu(gpu, precision)
+    if found is None or mfu <= found[0] + MFU_MARGIN:
+        return None
+    return (f"predicted MFU {mfu:.1%} is above the best published for {gpu} {precision} ({found[0]:.1%}, "
+            f"{found[1]}): a prediction better than every published run is a warning sign, not a result")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from planner.bands import mfu_warning
 from planner.cost.memory import capacity_bytes
 from planner.cost.step import estimate
 from planner.errors import InfeasibleError, SpecError
@@ -22,9 +23,12 @@ balance the processes better"""
 
 
 def _notes(cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes: float = 0.0,
-           proven_optimal: bool = True) -> list[str]:
+           proven_optimal: bool = True, mfu: float = 0.0) -> list[str]:
     """What a reader of the plan must know about how far to trust it."""
     notes = []
+    warning = mfu_warning(cluster.gpu.name, setup.precision, mfu)
+    if warning:
+        notes.append(warning)
     if isinstance(cluster.efficiency, LegacyEfficiency):
         notes.append(f"efficiencies of {cluster.name}: a version 1 block (seven free fractions, not grounded in "
                      "measured kernel figures); `planner calibrate` writes version 2")
@@ -57,7 +61,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     strategy = resolve_strategy(constraints, setup)
     est = estimate(model, cluster, setup, strategy)
     return build_plan(model, cluster, setup, strategy, est, constraints, {"name": "none", "time_limit_s": 0},
-                      notes=_notes(cluster, setup, est.fits, est.peak_memory_bytes))
+                      notes=_notes(cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu))
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
@@ -81,7 +85,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
         c = result.closest
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
                                               best.step_time_s, cap))
-    notes = _notes(cluster, setup, proven_optimal=result.proven_optimal)
+    notes = _notes(cluster, setup, proven_optimal=result.proven_optimal, mfu=est.mfu)
     return build_plan(model, cluster, setup, best.strategy, est, constraints,
                       {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives, notes=notes,
                       search=result.summary())

@@ -83,3 +83,14 @@ def test_a_plan_carries_its_band_and_a_cluster_without_its_own_fit_a_wider_one()
     assert hi == pytest.approx(own["step_time_s"] / (1 + b["low_error"]), rel=1e-5)
     assert "widened" in w["basis"] and w["high_error"] - w["low_error"] >= b["high_error"] - b["low_error"]
     assert 0 < own["hfu"] <= 1
+
+
+def test_a_prediction_above_the_best_published_mfu_is_flagged():
+    from planner.bands import MFU_MARGIN, best_published_mfu, mfu_warning
+
+    best, source = best_published_mfu("h100-sxm-80g", "bf16")
+    assert best == 0.625 and source.startswith("NVIDIA/dgxc-benchmarking")  # planner/data/best_mfu.yaml
+    assert mfu_warning("h100-sxm-80g", "bf16", best + MFU_MARGIN) is None
+    assert "warning sign" in mfu_warning("h100-sxm-80g", "bf16", best + MFU_MARGIN + 0.001)
+    assert best_published_mfu("h100-sxm-80g", "fp16") == best_published_mfu("h100-sxm-80g", "bf16")
+    assert mfu_warning("l40s", "bf16", 0.99) is None  # nothing published to compare with
