@@ -18,7 +18,7 @@ def test_preset_lists_are_complete():
     for name in ("gpt3-175b", "llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b",
                  "deepseek-v3", "qwen2.5-72b", "bert-large"):
         assert name in MODELS
-    for name in ("dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "mi300x-8", "l40s-pcie-8",
+    for name in ("dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x-8", "l40s-pcie-8",
                  "rtx4090-pcie-8"):
         assert name in CLUSTERS
 
@@ -28,7 +28,7 @@ def test_preset_lists_are_complete():
 def test_every_model_on_every_cluster(model_name, cluster_name):
     model, cluster = load_model(model_name), load_cluster(cluster_name)
     gpus = 4 * cluster.gpus_per_node
-    setup = TrainingSetup(gpus=gpus, global_batch=64, seq_len=min(model.seq_len, 4096))
+    setup = TrainingSetup(gpus=gpus, global_batch=max(64, gpus), seq_len=min(model.seq_len, 4096))
     tp = max(t for t in (1, 2, 4, 8) if model.heads % t == 0 and t <= cluster.gpus_per_node)
     knobs = {"tp": tp, "pp": 4, "micro_batch": 1, "recompute": "full"}
     if model.moe:
