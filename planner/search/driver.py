@@ -115,16 +115,18 @@ def infeasible_message(result: SearchResult, cluster: Cluster, setup: TrainingSe
 
 def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict | None = None,
            solver: str = "highs", time_limit_s: float = 10.0, top: int = 3, progress=None,
-           found: bounds.Bounds | None = None) -> SearchResult:
+           found: bounds.Bounds | None = None, space_of: str | None = None) -> SearchResult:
     """Best strategy in the space of search/space.py honouring the `fixed` knobs (`found`: its
-    bounds, when bound_sweep has bounded several GPU counts at once)."""
+    bounds, when bound_sweep has bounded several GPU counts at once). The space is the setup's
+    runtime's, or `space_of`'s (the setup's runtime still prices every strategy)."""
     # the search allocates many small objects that live on in the cost model's caches; the cyclic
     # collector would walk them again and again (about 5% of a search). Any cycles left behind
     # are collected once it runs again.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found)
+        return _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found,
+                       space.RUNTIME_RULES[space_of or setup.runtime])
     finally:
         if enabled:
             gc.enable()
@@ -142,10 +144,9 @@ def bound_sweep(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup],
     return bounds.bound_counts(model, cluster, setups, _constraints(fixed), space.RUNTIME_RULES[setups[0].runtime])
 
 
-def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found) -> SearchResult:
+def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found, rules) -> SearchResult:
     start = time.perf_counter()
     fixed = _constraints(fixed)
-    rules = space.RUNTIME_RULES[setup.runtime]
     found_bounds = found if found is not None else bounds.bound_all(model, cluster, setup, fixed, rules, progress)
     total = len(found_bounds.bound_s)
     if progress:
