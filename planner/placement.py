@@ -135,17 +135,20 @@ def _blocks_span(a: int, inner: int, S: int, outer: int, G: int, starts: frozens
     K = max(0, -(-(G + (inner - 1) * a) // S))
     least = 3 * P + 2 * K + 2
     J = outer if outer <= least + P else least + (outer - least) % P
-    offsets = (a * np.arange(inner))[None, :] + (S * np.arange(J))[:, None]
-    spans = []
-    for r in sorted(starts):
-        nodes = (r + offsets.ravel()) // G
-        used, counts = np.unique(nodes, return_counts=True)
-        n = len(used)
-        if J < outer:  # nodes the last P blocks add, repeated for the blocks left out
-            fewer = len(np.unique(nodes[: (J - P) * inner]))
-            n += (outer - J) // P * (n - fewer)
-        spans.append(Span(size=inner * outer, per_node=int(counts.min()), nodes=int(n)))
-    return worst(spans)
+    offsets = ((a * np.arange(inner))[None, :] + (S * np.arange(J))[:, None]).ravel()
+    r = np.array(sorted(starts))
+    nodes = (r[:, None] + offsets[None, :]) // G  # each row ascending: blocks do not interleave (S > a * inner)
+    rows, width = nodes.shape
+    new = np.ones(nodes.shape, dtype=bool)
+    new[:, 1:] = nodes[:, 1:] != nodes[:, :-1]  # where a row enters another node
+    run = np.cumsum(new, axis=1)  # the node's number along the row, from 1
+    counts = np.bincount((np.arange(rows)[:, None] * (width + 1) + run).ravel(), minlength=rows * (width + 1))
+    counts = counts.reshape(rows, width + 1)[:, 1:]
+    used = run[:, -1]
+    fewest = np.where(counts > 0, counts, width).min(axis=1)
+    if J < outer:  # nodes the last P blocks add, repeated for the blocks left out
+        used = used + (outer - J) // P * (used - run[:, (J - P) * inner - 1])
+    return worst(Span(size=inner * outer, per_node=int(p), nodes=int(n)) for p, n in zip(fewest, used))
 
 
 @lru_cache(maxsize=65536)
