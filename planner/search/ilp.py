@@ -1,5 +1,6 @@
-"""Integer programmes (pulp models) for coupled discrete choices, solved in process by HiGHS
-(highspy) or by CBC through pulp (`--solver cbc`, a subprocess per solve).
+"""Integer programmes for coupled discrete choices, solved in process by HiGHS (highspy, the model
+built as arrays) or by CBC through pulp (`--solver cbc`, a subprocess per solve), one model in two
+forms.
 
 recompute_ilp: how many layers of each pipeline stage recompute fully. With x[i, r] = 1 when
 stage i recomputes r layers (one-hot per stage; r ranging over the values that fit in memory),
@@ -19,7 +20,6 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import pulp
 
 from planner.cost.pipeline import step_time_s
 from planner.errors import SolverError
@@ -50,65 +50,15 @@ def _quiet_stdout():
         os.close(fd)
 
 
-def _solve_highs(prob: pulp.LpProblem, time_limit_s: float) -> tuple[dict, bool]:
-    """Solve a pulp model with HiGHS in process (highspy): no subprocess, and its banner kept off
-    stdout."""
-    import highspy
+def _solve_cbc(prob, time_limit_s: float) -> tuple[dict, bool]:
+    """Values of a pulp model's variables by CBC (a subprocess), and whether they are proven optimal."""
+    import pulp
 
-    variables = prob.variables()
-    index = {v.name: k for k, v in enumerate(variables)}
     with _quiet_stdout():
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("mip_rel_gap", 0.0)
-    h.setOptionValue("mip_abs_gap", 0.0)
-    inf = h.getInfinity()
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = len(variables), len(prob.constraints)
-    cost = np.zeros(len(variables))
-    for var, coef in prob.objective.items():
-        cost[index[var.name]] = coef
-    lp.col_cost_ = cost
-    lp.col_lower_ = np.array([-inf if v.lowBound is None else v.lowBound for v in variables], dtype=float)
-    lp.col_upper_ = np.array([inf if v.upBound is None else v.upBound for v in variables], dtype=float)
-    starts, cols, values, lower, upper = [0], [], [], [], []
-    for con in prob.constraints.values():
-        for var, coef in con.items():
-            cols.append(index[var.name])
-            values.append(coef)
-        starts.append(len(cols))
-        rhs = -con.constant
-        lower.append(rhs if con.sense in (pulp.LpConstraintEQ, pulp.LpConstraintGE) else -inf)
-        upper.append(rhs if con.sense in (pulp.LpConstraintEQ, pulp.LpConstraintLE) else inf)
-    lp.row_lower_, lp.row_upper_ = np.array(lower, dtype=float), np.array(upper, dtype=float)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
-    lp.a_matrix_.index_ = np.array(cols, dtype=np.int32)
-    lp.a_matrix_.value_ = np.array(values, dtype=float)
-    lp.integrality_ = [highspy.HighsVarType.kInteger if v.cat == pulp.LpInteger else highspy.HighsVarType.kContinuous
-                       for v in variables]
-    h.passModel(lp)
-    with _quiet_stdout():
-        h.run()
-    status = h.getModelStatus()
-    if h.getInfo().primal_solution_status != 2:  # 2: a feasible solution
-        raise SolverError(f"HiGHS found no solution ({h.modelStatusToString(status)})")
-    x = h.getSolution().col_value
-    return {v.name: x[index[v.name]] for v in variables}, status == highspy.HighsModelStatus.kOptimal
-
-
-def solve(prob: pulp.LpProblem, solver: str, time_limit_s: float) -> tuple[dict, bool]:
-    """Values of the model's variables and whether they are proven optimal."""
-    if solver == "highs":
-        return _solve_highs(prob, time_limit_s)
-    if solver == "cbc":
-        with _quiet_stdout():
-            status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
-        if pulp.LpStatus[status] not in ("Optimal", "Not Solved") or prob.sol_status not in (1, 2):
-            raise SolverError(f"CBC found no solution (status {pulp.LpStatus[status]})")
-        return {v.name: v.value() for v in prob.variables()}, prob.sol_status == 1
-    raise SolverError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
+        status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
+    if pulp.LpStatus[status] not in ("Optimal", "Not Solved") or prob.sol_status not in (1, 2):
+        raise SolverError(f"CBC found no solution (status {pulp.LpStatus[status]})")
+    return {v.name: v.value() for v in prob.variables()}, prob.sol_status == 1
 
 
 def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: int, vpp: int,
@@ -118,6 +68,17 @@ def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: i
     (or, with `uniform` = the layer count of each stage, no single R fits every stage)."""
     if any(not o for o in options):
         return None
+    if solver not in SOLVERS:
+        raise SolverError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
+    if solver == "highs":
+        found = _recompute_highs(options, microbatches, vpp, uniform, time_limit_s)
+        if found is None:
+            return None
+        chosen, optimal = found
+        return IlpResult(recompute_layers=chosen, objective=_objective(options, chosen, microbatches, vpp),
+                         optimal=optimal)
+    import pulp  # the CBC form only: importing it costs more than a HiGHS solve
+
     prob = pulp.LpProblem("recompute", pulp.LpMinimize)
     T = pulp.LpVariable("T", lowBound=0)
     U = pulp.LpVariable("U", lowBound=0)
@@ -137,7 +98,7 @@ def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: i
                 same = pulp.lpSum(y[R] for R in y if min(R, n) == r)
                 prob += (x[i, r] if r in o else 0) == same, f"uniform_{i}_{r}"
     try:
-        values, optimal = solve(prob, solver, time_limit_s)
+        values, optimal = _solve_cbc(prob, time_limit_s)
     except SolverError:
         if uniform is not None:
             return None  # no single R fits every stage
@@ -145,6 +106,64 @@ def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: i
     chosen = tuple(max((r for r in o if values[x[i, r].name] > 0.5), default=min(o)) for i, o in enumerate(options))
     return IlpResult(recompute_layers=chosen, objective=_objective(options, chosen, microbatches, vpp),
                      optimal=optimal)
+
+
+def _recompute_highs(options, microbatches: int, vpp: int, uniform, time_limit_s: float):
+    """recompute_ilp's model (the same variables and rows as its pulp form, built as arrays) solved
+    by HiGHS in process: (chosen counts, proven optimal), or None when `uniform` admits no R."""
+    import highspy
+
+    cols = [(i, r) for i, o in enumerate(options) for r in o]
+    col = {c: 2 + k for k, c in enumerate(cols)}  # 0: T, 1: U, then x[i, r], then y[R]
+    tops = max(uniform) + 1 if uniform is not None else 0
+    n = 2 + len(cols) + tops
+    cost = np.zeros(n)
+    cost[0], cost[1] = microbatches - 1.0 / vpp, 1.0
+    for (i, r), k in col.items():
+        cost[k] = options[i][r][0] / vpp
+    rows: list[tuple[list[int], list[float], float, float]] = []
+    for i, o in enumerate(options):
+        ks = [col[i, r] for r in o]
+        rows.append((ks, [1.0] * len(ks), 1.0, 1.0))  # one r per stage
+        rows.append(([0, *ks], [1.0, *(-o[r][0] for r in o)], 0.0, np.inf))  # T >= t_i
+        rows.append(([1, *ks], [1.0, *(-o[r][1] for r in o)], 0.0, np.inf))  # U >= tail_i
+    if uniform is not None:
+        y = 2 + len(cols)
+        rows.append((list(range(y, y + tops)), [1.0] * tops, 1.0, 1.0))  # one R
+        for i, (o, layers) in enumerate(zip(options, uniform)):
+            for r in range(layers + 1):
+                same = [y + R for R in range(tops) if min(R, layers) == r]
+                ks, vals = ([col[i, r]], [1.0]) if r in o else ([], [])
+                rows.append((ks + same, vals + [-1.0] * len(same), 0.0, 0.0))  # x[i, r] == [min(R, n_i) == r]
+    with _quiet_stdout():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", 0.0)
+    h.setOptionValue("mip_abs_gap", 0.0)
+    inf = h.getInfinity()
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n, len(rows)
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(n)
+    lp.col_upper_ = np.array([inf, inf] + [1.0] * (n - 2))
+    lp.row_lower_ = np.array([lo for _, _, lo, _ in rows], dtype=float)
+    lp.row_upper_ = np.array([inf if hi == np.inf else hi for _, _, _, hi in rows], dtype=float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = np.cumsum([0] + [len(ks) for ks, _, _, _ in rows]).astype(np.int32)
+    lp.a_matrix_.index_ = np.array([k for ks, _, _, _ in rows for k in ks], dtype=np.int32)
+    lp.a_matrix_.value_ = np.array([v for _, vals, _, _ in rows for v in vals], dtype=float)
+    lp.integrality_ = [highspy.HighsVarType.kContinuous] * 2 + [highspy.HighsVarType.kInteger] * (n - 2)
+    h.passModel(lp)
+    with _quiet_stdout():
+        h.run()
+    if h.getInfo().primal_solution_status != 2:  # 2: a feasible solution
+        if uniform is not None:
+            return None  # no single R fits every stage
+        raise SolverError(f"HiGHS found no solution ({h.modelStatusToString(h.getModelStatus())})")
+    x = h.getSolution().col_value
+    chosen = tuple(max((r for r in o if x[col[i, r]] > 0.5), default=min(o)) for i, o in enumerate(options))
+    return chosen, h.getModelStatus() == highspy.HighsModelStatus.kOptimal
 
 
 def _objective(options, chosen, microbatches: int, vpp: int) -> float:
