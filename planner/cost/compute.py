@@ -21,6 +21,8 @@ GEMM fraction and half-intensity, its HBM fraction, attention as a GEMM, no fram
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Gpu
 from planner.spec.measured import typical
@@ -59,9 +61,15 @@ def framework(eff) -> float:
     return 1.0 if isinstance(eff, LegacyEfficiency) else eff.framework_fraction
 
 
+@lru_cache(maxsize=256)
+def _gemm_rate(gpu: Gpu, precision: str, eff) -> tuple[float, float]:
+    """(FLOP/s of a GEMM far above the knee, its knee I_half)."""
+    return gpu.flops(precision) * gemm_fraction(gpu, precision, eff) * framework(eff), intensity_half(gpu, precision, eff)
+
+
 def gemm_time_s(flops, intensity, gpu: Gpu, precision: str, eff):
-    g = gemm_fraction(gpu, precision, eff)
-    return flops / (gpu.flops(precision) * g) * (1.0 + intensity_half(gpu, precision, eff) / intensity) / framework(eff)
+    rate, knee = _gemm_rate(gpu, precision, eff)
+    return flops / rate * (1.0 + knee / intensity)
 
 
 def memory_time_s(n_bytes, gpu: Gpu, eff):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.errors import SpecError
 from planner.spec.fields import Fields
@@ -53,10 +53,21 @@ class Measured:
     hbm_fraction: float
     attention: tuple[AttentionTable, ...] = ()
     source: str = ""
+    _hash: int = field(default=0, init=False, compare=False, repr=False)
+    """the hash of the fields, computed once: a GPU keys the cost model's caches thousands of
+    times a search, and hashing every point of its attention tables each time was 10 % of one"""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.gemm_fraction, self.hbm_fraction, self.attention, self.source)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def gemm(self, precision: str) -> float | None:
-        table = dict(self.gemm_fraction)
-        return table.get(precision, table.get("bf16") if precision == "fp16" else None)
+        for p, value in self.gemm_fraction:
+            if p == precision:
+                return value
+        return self.gemm("bf16") if precision == "fp16" else None
 
     def kernels(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t.kernel for t in self.attention))
@@ -65,19 +76,8 @@ class Measured:
         """Forward+backward TFLOP/s of `kernel` at this head dimension and sequence length: the
         tables of that kernel and masking, interpolated linearly in head dimension between the
         two nearest measured ones (the nearest one beyond them); None when not measured."""
-        rows = sorted((t for t in self.attention if t.kernel == kernel and t.causal == causal),
-                      key=lambda t: t.head_dim)
-        if not rows:
-            return None
-        below = [t for t in rows if t.head_dim <= head_dim]
-        above = [t for t in rows if t.head_dim >= head_dim]
-        if not below or not above:
-            return (above or below)[0 if above else -1].tflops(seq_len)
-        lo, hi = below[-1], above[0]
-        if lo.head_dim == hi.head_dim:
-            return lo.tflops(seq_len)
-        w = (head_dim - lo.head_dim) / (hi.head_dim - lo.head_dim)
-        return (1 - w) * lo.tflops(seq_len) + w * hi.tflops(seq_len)
+        return _attention_tflops(self, kernel, causal, head_dim, seq_len)
+
 
     def to_dict(self) -> dict:
         return {"gemm_fraction": dict(self.gemm_fraction), "hbm_fraction": self.hbm_fraction,
@@ -130,3 +130,21 @@ def typical(family: str) -> Measured:
     flagship = FLAGSHIPS.get(family)
     found = load_gpu(flagship).measured if flagship else None
     return found if found is not None else UNMEASURED
+
+
+@lru_cache(maxsize=4096)
+def _attention_tflops(m: Measured, kernel: str, causal: bool, head_dim: float, seq_len: float) -> float | None:
+    """Measured.attention_tflops, cached: the cost model asks for the same few points many times."""
+    rows = sorted((t for t in m.attention if t.kernel == kernel and t.causal == causal),
+                  key=lambda t: t.head_dim)
+    if not rows:
+        return None
+    below = [t for t in rows if t.head_dim <= head_dim]
+    above = [t for t in rows if t.head_dim >= head_dim]
+    if not below or not above:
+        return (above or below)[0 if above else -1].tflops(seq_len)
+    lo, hi = below[-1], above[0]
+    if lo.head_dim == hi.head_dim:
+        return lo.tflops(seq_len)
+    w = (head_dim - lo.head_dim) / (hi.head_dim - lo.head_dim)
+    return (1 - w) * lo.tflops(seq_len) + w * hi.tflops(seq_len)
