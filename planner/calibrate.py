@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from planner.errors import SpecError
-from planner.runs import Run, price_run
+from planner.runs import Run, document, price_run
 from planner.spec.efficiency import FAMILY_DEFAULTS, Efficiency
 from planner.units import round_sig
 
@@ -41,13 +41,9 @@ class Fit:
     """the parameters fitted (the rest kept their values)"""
 
 
-def _document(source: str) -> str:
-    return source.split(",")[0].strip()
-
-
 def most_fitted(runs: list[Run]) -> int:
     """How many parameters `runs` may fit: min(rows // 4, sources + 1)."""
-    return min(len(runs) // 4, len({_document(r.source) for r in runs}) + 1)
+    return min(len(runs) // 4, len({document(r.source) for r in runs}) + 1)
 
 
 def fittable(runs: list[Run]) -> tuple[str, ...]:

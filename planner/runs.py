@@ -14,6 +14,7 @@ from pathlib import Path
 
 from planner.cost.step import StepEstimate, estimate
 from planner.errors import PlannerError, SpecError
+from planner.runtimes import RUNTIME_RULES
 from planner.search.space import MAX_VPP
 from planner.spec.fields import Fields, load_document
 from planner.spec.hardware import Cluster, Efficiency, load_cluster
@@ -31,7 +32,7 @@ CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
             "analytic_reference", "confidence", "runtime", "runtime_version")
-RUN_RUNTIMES = ("megatron", "megatron@2022", "deepspeed", "torchtitan", "nanotron", "composer", "other")
+RUN_RUNTIMES = tuple(name for name in RUNTIME_RULES if name != "any")
 """the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron,
 Megatron-LM before its 2023 overlaps as megatron@2022; Megatron-DeepSpeed as deepspeed; MosaicML
 llm-foundry as composer): runtimes.RUNTIME_RULES says what the cost model reads of each"""
@@ -95,6 +96,12 @@ def load_runs(path: Path | None = None) -> list[Run]:
                         runtime=runtime, runtime_version=str(f.raw("runtime_version", ""))))
         f.reject_unknown(RUN_KEYS)
     return runs
+
+
+def document(source: str) -> str:
+    """The document a run's source names: its text up to the first comma (two tables of one
+    paper are one source)."""
+    return source.split(",")[0].strip()
 
 
 def _divisors(n: int) -> list[int]:

@@ -21,13 +21,8 @@ import numpy as np
 
 from planner.bands import Residual, band
 from planner.calibrate import fit
-from planner.runs import Priced, Run, price_run
+from planner.runs import Priced, Run, document, price_run
 from planner.units import bytes_to_gib
-
-
-def document(source: str) -> str:
-    """The document a run's source names: its text up to the first comma."""
-    return source.split(",")[0].strip()
 
 
 @dataclass(frozen=True, slots=True)

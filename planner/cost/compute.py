@@ -27,13 +27,19 @@ from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Gpu
 from planner.spec.measured import typical
 
-FLASH_FWD_BWD_FACTOR = 3.5
-"""forward + backward FLOPs of a flash attention kernel over its forward's (Dao 2023, §3.1: the
-backward runs 5 matmuls to the forward's 2)"""
+FLASH_BWD_FACTOR = 2.5
+"""FlashAttention backward FLOPs over its forward's: 5 matmuls of the forward's 2 (Dao 2023, §3.1)"""
+FLASH_FWD_BWD_FACTOR = 1 + FLASH_BWD_FACTOR
 HIGH_PRECISION = "bf16"
 """what stays out of fp8 in the published FP8 recipes: the attention core, the LM head and the
 embedding (Transformer Engine's fp8_autocast covers the transformer blocks' linear layers;
 torchao's float8 conversion skips the output layer)"""
+
+
+def outside_fp8(precision: str, eff) -> str:
+    """The precision of the GEMMs that published FP8 recipes keep in HIGH_PRECISION (the
+    attention core, the LM head); a version 1 block priced them at the run's precision."""
+    return precision if isinstance(eff, LegacyEfficiency) or precision != "fp8" else HIGH_PRECISION
 
 
 def measured(gpu: Gpu):
@@ -87,4 +93,4 @@ def attention_time_s(flops: float, kernel: str, causal: bool, head_dim: float, s
     if not tflops:
         return None
     total = FLASH_FWD_BWD_FACTOR * flops / (tflops * 1e12) / eff.framework_fraction
-    return total / FLASH_FWD_BWD_FACTOR, total * (FLASH_FWD_BWD_FACTOR - 1) / FLASH_FWD_BWD_FACTOR
+    return total / FLASH_FWD_BWD_FACTOR, total * FLASH_BWD_FACTOR / FLASH_FWD_BWD_FACTOR

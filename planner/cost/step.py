@@ -33,8 +33,6 @@ from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import Strategy, TrainingSetup, check_strategy
 
-FLASH_BWD_FACTOR = 2.5
-"""FlashAttention-2 backward: 5 matmuls of the forward's 2 (Dao 2023, §3.1)"""
 ELEMENTWISE_BWD_FACTOR = 1.0
 """backward HBM traffic of memory-bound ops relative to forward: each reads the incoming gradient
 and what it saved and writes one gradient, about what its forward moved (dropout, bias-add,
@@ -125,9 +123,8 @@ def attention_core_s(layer: Layer, ctx: Ctx, w, cluster: Cluster, precision: str
                                          gpu, eff)
         if timed:
             return timed
-    core_precision = precision if isinstance(eff, LegacyEfficiency) or precision != "fp8" else compute.HIGH_PRECISION
-    attn = compute.gemm_time_s(w.attn_flops, w.attn_intensity, gpu, core_precision, eff)
-    return attn, (FLASH_BWD_FACTOR if ctx.flash else 2.0) * attn
+    attn = compute.gemm_time_s(w.attn_flops, w.attn_intensity, gpu, compute.outside_fp8(precision, eff), eff)
+    return attn, (compute.FLASH_BWD_FACTOR if ctx.flash else 2.0) * attn
 
 
 @lru_cache(maxsize=65536)
@@ -341,7 +338,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order)."""
     gpu, eff = cluster.gpu, cluster.efficiency
-    head_precision = precision if isinstance(eff, LegacyEfficiency) or precision != "fp8" else compute.HIGH_PRECISION
+    head_precision = compute.outside_fp8(precision, eff)
     kinds, kind_index = _kinds(model)
     no_group = Span(size=1, per_node=1, nodes=1)
 
@@ -689,7 +686,7 @@ def executed_flops_per_step(model: ModelSpec, setup: TrainingSetup, s: Strategy,
     runs again (the forward of each stage's recomputed layers under 'full', the attention core
     under 'selective'), for every sequence of the global batch."""
     fwd, attn, head = _executed_per_sequence(model, setup.seq_len, setup.attention == "flash")
-    extra = (FLASH_BWD_FACTOR - 2.0) if setup.attention == "flash" else 0.0
+    extra = (compute.FLASH_BWD_FACTOR - 2.0) if setup.attention == "flash" else 0.0
     total = 3 * fwd.sum() + extra * attn.sum() + 3 * head
     if s.recompute == "selective":
         total += attn.sum()
