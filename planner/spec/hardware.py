@@ -6,11 +6,11 @@ are converted to SI here. Link figures are per GPU per direction.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from planner.errors import SpecError
 from planner.presets import resolve
-from planner.spec.efficiency import FAMILY_DEFAULTS, Efficiency, LegacyEfficiency, efficiency_from_fields
+from planner.spec.efficiency import Efficiency, LegacyEfficiency, efficiency_from_fields
 from planner.spec.fields import Fields, load_mapping
 from planner.spec.measured import Measured
 from planner.units import GBps_to_Bps, gib_to_bytes, tflops_to_flops, us_to_s
