@@ -34,7 +34,8 @@ class RuntimeRules:
     """ZeRO-0 (plain replication) only when data parallelism is the only parallelism"""
     tp_overlap: bool = False
     """hides tensor-parallel collectives behind the GEMMs they feed (Transformer Engine's
-    userbuffers comm-GEMM overlap, --tp-comm-overlap): exposed is what the GEMMs cannot cover"""
+    userbuffers comm-GEMM overlap, --tp-comm-overlap), for tp groups inside one node: exposed is
+    what the GEMMs cannot cover"""
     attention: tuple[str, ...] = ("fa2",)
     """flash attention kernels it runs, preferred first (spec/measured.KERNELS): the cost model
     prices the first one the GPU has a measured table of (cost/compute.attention_time_s)"""

@@ -358,3 +358,14 @@ def test_hfu_equals_mfu_where_every_flop_counted_is_executed_once():
     assert est.hfu == pytest.approx(est.mfu, rel=1e-12)
     full = estimate(model, cluster, setup, resolve_strategy({"tp": 1, "recompute": "full"}, setup))
     assert full.hfu > full.mfu * (1 + 1 / 3) * 0.9  # the layers' forward once more (the head is not recomputed)
+
+
+def test_tensor_parallel_overlap_needs_the_group_inside_one_node():
+    """Transformer Engine's userbuffers overlap works through CUDA multicast handles, which exist
+    only within a node (NVIDIA/TransformerEngine issue #1071): a tp group across nodes hides
+    nothing."""
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100")
+    layer, ctx, one = build_layers(model)[0], Ctx(micro_batch=1, seq_len=8192, tp=8, sp=True), Span(1, 1, 1)
+    across = Span(8, 4, 2)
+    plain = layer_cost(layer, ctx, cluster, "bf16", across, one, one, "cudnn", False)
+    assert layer_cost(layer, ctx, cluster, "bf16", across, one, one, "cudnn", True).tp == plain.tp > 0

@@ -144,7 +144,10 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     tp_one = w.tp_collectives * comm.collective_time_s("all_reduce", w.tp_message_bytes, tp_span, cluster)
     if isinstance(eff, LegacyEfficiency):
         tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm)
-    elif tp_overlap:
+    elif tp_overlap and tp_span.nodes == 1:
+        # Userbuffers (Transformer Engine's comm+GEMM overlap) needs CUDA multicast handles,
+        # which exist only inside one node: a tp group across nodes overlaps nothing
+        # (NVIDIA/TransformerEngine issue #1071)
         tp_one = max(0.0, tp_one - gemm)
     # Ring attention (context parallel): cp-1 K/V block exchanges, hidden behind the attention core.
     cp_step = (ctx.cp - 1) * comm.p2p_time_s(w.cp_message_bytes, cp_span.nodes > 1, cluster)
