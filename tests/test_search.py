@@ -748,3 +748,42 @@ def test_a_sweep_in_chunks_plans_each_count_as_alone(constraints):
     assert [e["gpus"] for e in together] == counts
     assert json.dumps(together) == json.dumps([_sweep_entry(request, n) for n in counts])
     assert any("infeasible" in e for e in together) and any("plan" in e for e in together)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10**6))
+def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
+    """The search prunes by the cost model's bounds; each must stay below the price of every split
+    and recompute count its candidate can take (with the measured kernels, the runtime's TP overlap
+    and the slowest groups priced): random candidates of random small dense and MoE setups on H100,
+    their first and refined bounds against `estimate` on random splits and counts."""
+    from planner.search import bounds as bounds_mod
+    from planner.search.floors import SAFETY
+
+    rng = np.random.default_rng(seed)
+    moe = MoeSpec(experts=8, top_k=2, expert_ffn_hidden=1024, dense_layers=1) if rng.random() < 0.5 else None
+    layers = int(rng.integers(3, 9))
+    model = ModelSpec(name="m", layers=layers, hidden=1024, heads=8, kv_heads=int(rng.choice([2, 8])), ffn_hidden=2048,
+                      vocab=int(rng.choice([32000, 128000])), ffn_act="swiglu", seq_len=4096, moe=moe)
+    setup = TrainingSetup(gpus=int(rng.choice([8, 16])), global_batch=32, seq_len=int(rng.choice([2048, 4096])),
+                          runtime=str(rng.choice(["any", "torchtitan"])))
+    found = bounds_mod.bound_all(model, CLUSTER, setup, {}, space.RUNTIME_RULES[setup.runtime])
+    picks = rng.choice(len(found.bound_s), size=min(12, len(found.bound_s)), replace=False)
+    refined, _ = found.refined_s(np.sort(picks))
+    for j, tighter in zip(np.sort(picks).tolist(), refined.tolist()):
+        v = int(found.vpp[j])
+        s = Strategy(**found.knobs(j), zero=int(found.zero[j]), vpp=v, schedule="interleaved-1f1b" if v > 1 else "1f1b")
+        if strategy_problems(s, model, setup):
+            continue
+        splits = list(_splits(model.layers, s.pp, s.vpp))
+        for k in rng.choice(len(splits), size=min(3, len(splits)), replace=False).tolist():
+            bounds = splits[k]
+            counts = None
+            if s.recompute == "full":
+                sizes = [sum(b - a for a, b in bounds[i::s.pp]) for i in range(s.pp)]
+                counts = tuple(int(rng.integers(0, n + 1)) for n in sizes)
+            est = estimate(model, CLUSTER, setup, s, bounds=bounds, recompute_layers=counts)
+            if not est.fits:
+                continue  # a bound need only hold where the candidate fits
+            assert found.bound_s[j] <= est.step_time_s * (1 + SAFETY), (s, bounds, counts)
+            assert tighter <= est.step_time_s * (1 + SAFETY), (s, bounds, counts)
