@@ -74,7 +74,7 @@ def fit(runs: list[Run], start: Efficiency | None = None) -> Fit:
         if not names:
             break
         eff, rounds, _ = _fit(runs, eff, names)
-        stuck = [n for n in names if _at_bound(n, getattr(eff, n))]
+        stuck = [n for n in names if at_bound(n, getattr(eff, n))]
         if not stuck:
             break
         eff = replace(eff, **{n: getattr(_start(runs, start), n) for n in stuck})
@@ -86,7 +86,8 @@ def fit(runs: list[Run], start: Efficiency | None = None) -> Fit:
                fitted=names)
 
 
-def _at_bound(name: str, value: float) -> bool:
+def at_bound(name: str, value: float) -> bool:
+    """Whether a fitted value lies within AT_BOUND of its physical bound (Efficiency.BOUNDS)."""
     lo, hi = Efficiency.BOUNDS[name]
     return min(value - lo, hi - value) <= AT_BOUND * (hi - lo)
 

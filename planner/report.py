@@ -201,6 +201,10 @@ def validation_table(doc: dict) -> None:
         line += (f"; leave-one-source-out MAPE {doc['loso']['mape'] * 100:.2f} %, bias {_pct(doc['loso']['bias'])} "
                  f"(max {doc['loso']['max_abs_error'] * 100:.1f} %)")
     err.print(f"[bold]{line}[/bold]")
+    for name, e in doc.get("efficiencies", {}).items():
+        fitted = ", ".join(f"{n} {e['values'][n]:.4g} in [{e['bounds'][n][0]:g}, {e['bounds'][n][1]:g}]" for n in e["fitted"])
+        flag = f"; AT A BOUND: {', '.join(e['at_bound'])}" if e["at_bound"] else "; none at a bound"
+        err.print(f"{name}: fitted {fitted or 'nothing'} ({e['source']}){flag}", markup=False, highlight=False)
     if "plans" in doc:
         t = Table(title="unconstrained plan vs the published configuration (same model)", title_justify="left")
         for col in ("run", "published config", "plan", "plan strategy", "at least as fast and fits"):

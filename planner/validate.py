@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.bands import Residual, band
-from planner.calibrate import fit
+from planner.calibrate import at_bound, fit
+from planner.spec.efficiency import Efficiency
 from planner.runs import Priced, Run, document, price_run
 from planner.units import bytes_to_gib
 
@@ -125,6 +126,22 @@ def _subsets(priced) -> dict:
     return {k: _stats(e) for k, e in sorted(groups.items())}
 
 
+def _efficiencies(priced) -> dict:
+    """Per cluster of the runs: its efficiency block's values, which were fitted, their bounds,
+    and whether any fitted value ends at its bound (issue 11: none may)."""
+    out = {}
+    for p in priced:
+        c = p.run.cluster
+        eff = c.efficiency
+        if c.name in out or not isinstance(eff, Efficiency):
+            continue
+        out[c.name] = {"values": {n: getattr(eff, n) for n in eff.PARAMETERS}, "fitted": list(eff.fitted),
+                       "bounds": {n: list(eff.BOUNDS[n]) for n in eff.PARAMETERS},
+                       "at_bound": [n for n in eff.fitted if at_bound(n, getattr(eff, n))],
+                       "source": eff.source.split(":")[0]}
+    return out
+
+
 def summary(v: Validation) -> dict:
     """The machine-readable document of `planner validate --json` (schema planner.validate/v1)."""
     errors = [p.error for p in v.priced]
@@ -133,6 +150,7 @@ def summary(v: Validation) -> dict:
         **{k: val for k, val in _stats(errors).items() if k != "runs"},
         "runs": _rows(v.priced),
         "sources": _by_source((p.run.source, p.error) for p in v.priced),
+        "efficiencies": _efficiencies(v.priced),
     }
     if v.loso is not None:
         loso_errors = [p.error for _, p in v.loso]

@@ -94,3 +94,13 @@ def test_a_prediction_above_the_best_published_mfu_is_flagged():
     assert "warning sign" in mfu_warning("h100-sxm-80g", "bf16", best + MFU_MARGIN + 0.001)
     assert best_published_mfu("h100-sxm-80g", "fp16") == best_published_mfu("h100-sxm-80g", "bf16")
     assert mfu_warning("l40s", "bf16", 0.99) is None  # nothing published to compare with
+
+
+def test_no_fitted_efficiency_ends_at_its_bound():
+    """Issue 11: every fitted parameter of the shipped calibrated clusters lies inside its bound."""
+    from planner.validate import summary, validate
+
+    doc = summary(validate(load_runs(BUNDLED), loso=False))
+    assert set(doc["efficiencies"]) == {"dgx-a100-80g", "dgx-h100"}
+    for name, e in doc["efficiencies"].items():
+        assert e["fitted"] and e["at_bound"] == [], name
