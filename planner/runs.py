@@ -113,11 +113,13 @@ def candidates(run: Run) -> list[Strategy]:
     st, setup = run.strategy, run.setup
     dp = st.get("dp") or setup.gpus // (st.get("tp", 1) * st.get("pp", 1) * st.get("cp", 1))
     pp = st.get("pp", 1)
+    even = RUNTIME_RULES[run.runtime].even_chunks  # Megatron interleaves equal chunks only
     domains = {
         "micro_batch": _divisors(setup.global_batch // dp) if setup.global_batch % dp == 0 else [1],
         "recompute": ["none", "selective", "full"],
-        # the interleaving the search considers (search/space.py); uneven chunks split evenly
-        "vpp": [v for v in range(1, MAX_VPP + 1) if pp * v <= run.model.layers] if pp > 1 else [1],
+        # the interleaving the run's runtime could run (its record: runtimes.py)
+        "vpp": [v for v in range(1, MAX_VPP + 1) if pp * v <= run.model.layers
+                and not (even and run.model.layers % (pp * v))] if pp > 1 else [1],
         "zero": [0, 1, 2, 3],
         "sequence_parallel": [False, True] if st.get("tp", 1) > 1 else [False],
     }
