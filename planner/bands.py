@@ -3,7 +3,7 @@
 A band is the 10th to 90th percentile of the signed out-of-sample errors (predicted / measured
 step time - 1; leave-one-source-out refits and the frozen checks) of the GPU a prediction is for,
 or of its family when the GPU has fewer than MIN_ROWS such rows, or of every GPU when the family
-has too few as well (then labelled uncalibrated). Percentiles interpolate linearly (numpy's
+has too few as well (the band's basis says which). Percentiles interpolate linearly (numpy's
 default); a measured step time then lies in [predicted / (1 + high), predicted / (1 + low)].
 """
 
@@ -84,7 +84,8 @@ def prediction_band(cluster) -> Band:
     found = band(gpu.name, gpu.family, pool)
     if cluster.efficiency.source.startswith("fitted on"):
         return found
-    others = [band(r.gpu, r.family, pool) for r in pool if r.family == gpu.family] + [band("", "", pool)]
+    kin = sorted({r.gpu for r in pool if r.family == gpu.family})
+    others = [band(name, gpu.family, pool) for name in kin] + [band("", "", pool)]
     source = cluster.efficiency.source.split(":")[0]
     return Band(low=min(b.low for b in [found, *others]), high=max(b.high for b in [found, *others]),
                 rows=found.rows,

@@ -231,12 +231,14 @@ def test_library_plan_equals_the_command(plan_doc):
 
 FULL_97 = ["-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "64", "--tp", "1", "--pp", "1",
            "--cp", "1", "--micro-batch", "2", "--zero", "1", "--recompute", "full", "--recompute-layers", "29"]
-"""a strategy whose peak is 97.7 % of an 80 GiB H100 (78.2 GiB, the cost model's own figure)"""
+"""a strategy whose peak is 98.8 % of what an H100 lets a framework allocate (78.2 of 79.1 GiB,
+the cost model's own figure and hardware/gpus/h100-sxm-80g.yaml's)"""
 
 
 def test_a_nearly_full_strategy_is_refused_by_default_and_accepted_without_headroom():
     est = json.loads(run("estimate", *FULL_97, "--json").stdout)["prediction"]
-    assert est["fits"] and 0.95 * 80 < est["peak_memory_gib"] <= 80  # estimate: no headroom by default
+    assert est["capacity_gib"] == 79.1  # estimate: no headroom by default
+    assert est["fits"] and 0.95 * est["capacity_gib"] < est["peak_memory_gib"] <= est["capacity_gib"]
     refused = run("plan", *FULL_97)
     assert refused.returncode == 3 and "5% kept free" in refused.stderr
     accepted = run("plan", *FULL_97, "--memory-headroom", "0", "--json")
@@ -255,7 +257,8 @@ def test_no_plan_peaks_above_capacity_less_headroom(gpus):
     for headroom in (0.05, 0.15):
         doc = make_plan(load_model("llama3-70b"), load_cluster("dgx-h100"), gpus=gpus, global_batch=512,
                         memory_headroom=headroom, top=3)
-        cap = 80 * (1 - headroom)
+        cap = 79.1 * (1 - headroom)  # hardware/gpus/h100-sxm-80g.yaml memory_gib less the headroom
+        assert doc["prediction"]["capacity_gib"] == pytest.approx(cap, rel=1e-5)
         assert doc["prediction"]["peak_memory_gib"] <= cap
         assert all(a["peak_memory_gib"] <= cap for a in doc["alternatives"] if not a["why_not"].startswith("does not"))
 

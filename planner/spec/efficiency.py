@@ -42,9 +42,9 @@ class Efficiency:
 
     PARAMETERS = ("framework_fraction", "dp_overlap_fraction")
     BOUNDS = {"framework_fraction": (0.5, 1.0), "dp_overlap_fraction": (0.0, 1.0)}
-    """physical ranges: a loop keeps at least half of its kernels' speed (the lowest MFU of any
-    calibration row over its GEMM fraction is above that), and an overlap hides between none
-    and all of what it overlaps"""
+    """physical ranges: a training loop cannot run its kernels faster than they run alone (1), and
+    0.5 is a floor wide enough that no fit comes near it (H100 0.76, A100 0.91); an overlap hides
+    between none and all of what it overlaps"""
 
     def __post_init__(self) -> None:
         for name in self.PARAMETERS:
