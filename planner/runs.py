@@ -20,6 +20,7 @@ from planner.spec.fields import Fields, load_document
 from planner.spec.hardware import Cluster, Efficiency, load_cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import (
+    MOE_DISPATCHERS,
     STRATEGY_KNOBS,
     Strategy,
     TrainingSetup,
@@ -31,7 +32,7 @@ CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
 """published runs no fit may use: out-of-sample checks shown by `planner validate`"""
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
-            "analytic_reference", "confidence", "runtime", "runtime_version")
+            "analytic_reference", "confidence", "runtime", "runtime_version", "moe_dispatcher", "erratum")
 RUN_RUNTIMES = tuple(name for name in RUNTIME_RULES if name != "any")
 """the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron,
 Megatron-LM before its 2023 overlaps as megatron@2022; Megatron-DeepSpeed as deepspeed; MosaicML
@@ -79,7 +80,8 @@ def load_runs(path: Path | None = None) -> list[Run]:
         setup = TrainingSetup(gpus=f.int("gpus"), global_batch=f.int("global_batch"),
                               seq_len=f.int("seq_len", model.seq_len),
                               precision=f.choice("precision", ("bf16", "fp16", "fp8"), "bf16"),
-                              attention=f.choice("attention", ("flash", "eager"), "flash"), runtime=runtime)
+                              attention=f.choice("attention", ("flash", "eager"), "flash"), runtime=runtime,
+                              moe_dispatcher=f.choice("moe_dispatcher", MOE_DISPATCHERS, ""))
         strategy = dict(f.raw("strategy", {}))
         for knob in strategy:
             if knob not in STRATEGY_KNOBS:

@@ -36,6 +36,10 @@ class RuntimeRules:
     """hides tensor-parallel collectives behind the GEMMs they feed (Transformer Engine's
     userbuffers comm-GEMM overlap, --tp-comm-overlap), for tp groups inside one node: exposed is
     what the GEMMs cannot cover"""
+    ep_dispatch: str = "alltoall"
+    """how it moves MoE tokens to their experts: 'alltoall' (one copy per expert chosen,
+    torch.distributed all_to_all) or 'dedup' (Megatron-Core's flex dispatcher with DeepEP or
+    HybridEP: one copy per destination node and rank, cost/comm.dispatch_time_s)"""
     attention: tuple[str, ...] = ("fa2",)
     """flash attention kernels it runs, preferred first (spec/measured.KERNELS): the cost model
     prices the first one the GPU has a measured table of (cost/compute.attention_time_s)"""
@@ -53,11 +57,11 @@ class RuntimeRules:
 
 RUNTIME_RULES: dict[str, RuntimeRules] = {
     "any": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", False, True, True,
-                        "no runtime restriction", tp_overlap=True, attention=("cudnn", "fa2")),
+                        "no runtime restriction", tp_overlap=True, ep_dispatch="dedup", attention=("cudnn", "fa2")),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", True, True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
-                             tp_overlap=True, attention=("cudnn", "fa2")),
+                             tp_overlap=True, ep_dispatch="dedup", attention=("cudnn", "fa2")),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", True, False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, even split, pipeline stages outermost", orders=("tp-cp-ep-dp-pp",)),

@@ -369,3 +369,71 @@ def test_tensor_parallel_overlap_needs_the_group_inside_one_node():
     across = Span(8, 4, 2)
     plain = layer_cost(layer, ctx, cluster, "bf16", across, one, one, "cudnn", False)
     assert layer_cost(layer, ctx, cluster, "bf16", across, one, one, "cudnn", True).tp == plain.tp > 0
+
+
+@pytest.mark.parametrize("experts,top_k,held", [(8, 2, 1), (8, 2, 3), (16, 4, 4), (12, 3, 6), (10, 1, 2), (6, 6, 1)])
+def test_hit_probability_counts_every_choice_of_experts(experts, top_k, held):
+    """Brute force: the share of the k-subsets of E experts that meet a given `held` of them."""
+    import itertools
+    mine = set(range(held))
+    subsets = list(itertools.combinations(range(experts), top_k))
+    hits = sum(1 for s in subsets if mine & set(s))
+    assert comm.hit_probability(experts, top_k, held) == pytest.approx(hits / len(subsets), rel=1e-12)
+
+
+@pytest.mark.parametrize("cluster_name", ["dgx-h100", "dgx-a100-80g", "dgx-b200", "gb200-nvl72"])
+@pytest.mark.parametrize("experts,top_k", [(8, 2), (64, 6), (128, 8), (256, 8)])
+def test_a_deduplicating_dispatch_never_costs_more_than_the_plain_all_to_all(cluster_name, experts, top_k):
+    """A token sent once per node and rank never moves more bytes than one copy per expert: over
+    every expert-parallel span of the preset (ranks dividing the experts, any ranks a node)."""
+    cluster = load_cluster(cluster_name)
+    g = cluster.gpus_per_node
+    token_bytes = 4096 * 7168 * 2
+    for size in (d for d in range(2, experts + 1) if experts % d == 0):
+        for per_node in {min(size, g), max(1, min(size, g) // 2), 1}:
+            if size % per_node:
+                continue
+            span = Span(size=size, per_node=per_node, nodes=size // per_node)
+            dedup = comm.dispatch_time_s(token_bytes, top_k, experts, span, cluster)
+            plain = comm.collective_time_s("all_to_all", top_k * token_bytes, span, cluster)
+            assert 0 < dedup <= plain * (1 + 1e-12), (size, per_node)
+
+
+def test_with_one_expert_a_rank_and_one_chosen_the_dispatchers_move_the_same_bytes():
+    """top-1 over one expert a rank: each token has one destination either way, so the network
+    bytes agree (the plain all-to-all also adds its NVLink share, and more latency)."""
+    cluster = load_cluster("dgx-h100")
+    span = Span(size=64, per_node=8, nodes=8)
+    token_bytes = 1e9
+    dedup = comm.dispatch_time_s(token_bytes, 1, 64, span, cluster)
+    inter_bw = cluster.inter_node.Bps * comm.link_fraction(cluster, False)
+    network = 7 * (8 / 64) * token_bytes / inter_bw
+    assert dedup == pytest.approx(network + 7 * cluster.intra_node.latency_s + 7 * cluster.inter_node.latency_s)
+
+
+def test_the_dispatcher_a_setup_names_is_the_one_priced():
+    """DeepSeek-V3 with experts across nodes: Megatron's flex dispatcher (its record's default)
+    prices less expert all-to-all than the same run with the plain all-to-all, and nothing else
+    changes; a dense model does not depend on it."""
+    model, cluster = load_model("deepseek-v3"), load_cluster("dgx-h100")
+    s = resolve_strategy({"tp": 2, "pp": 8, "ep": 64, "vpp": 4, "micro_batch": 1, "recompute": "full",
+                          "sequence_parallel": True}, TrainingSetup(gpus=1024, global_batch=8192, seq_len=4096))
+
+    def priced(**kw):
+        return estimate(model, cluster, TrainingSetup(gpus=1024, global_batch=8192, seq_len=4096, precision="fp8",
+                                                      runtime="megatron", **kw), s)
+    own, dedup, plain = priced(), priced(moe_dispatcher="dedup"), priced(moe_dispatcher="alltoall")
+    assert own.step_time_s == dedup.step_time_s
+    assert 0 < dedup.breakdown_s["ep_comm"] < plain.breakdown_s["ep_comm"]
+    assert dedup.breakdown_s["compute"] == plain.breakdown_s["compute"]
+    dense = load_model("llama3-8b")
+    setup = TrainingSetup(gpus=8, global_batch=64, seq_len=4096)
+    s8 = resolve_strategy({"tp": 2}, setup)
+    assert (estimate(dense, cluster, replace(setup, moe_dispatcher="alltoall"), s8).step_time_s
+            == estimate(dense, cluster, replace(setup, moe_dispatcher="dedup"), s8).step_time_s)
+
+
+def test_an_unknown_dispatcher_is_refused():
+    from planner.errors import SpecError
+    with pytest.raises(SpecError, match="moe-dispatcher must be one of alltoall, dedup"):
+        TrainingSetup(gpus=8, global_batch=8, seq_len=128, moe_dispatcher="deepep")

@@ -19,6 +19,8 @@ that of the slowest group of its kind (placement.worst), since all of them run a
 
 from __future__ import annotations
 
+import numpy as np
+
 from planner.placement import Span
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
@@ -78,6 +80,45 @@ def collective_time_s(kind: str, message_bytes, span: Span, cluster: Cluster):
             local = _ring(kind, message_bytes, span.per_node, intra_bw, intra_lat)
             t = local + _ring(kind, message_bytes / span.per_node, span.nodes, inter_bw, inter_lat)
     return t * (message_bytes > 0)
+
+
+def hit_probability(experts: int, top_k: int, held: float) -> float:
+    """Probability that a token's top_k distinct experts, chosen uniformly among `experts`
+    (balanced routing), include at least one of `held` of them:
+        1 - prod_{j<k} (E - held - j) / (E - j)."""
+    miss = 1.0
+    for j in range(top_k):
+        miss *= max(0.0, experts - held - j) / (experts - j)
+    return 1.0 - miss
+
+
+def dispatch_time_s(token_bytes, top_k: int, experts: int, span: Span, cluster: Cluster):
+    """One token dispatch (or combine) of a deduplicating MoE dispatcher (DeepEP, HybridEP:
+    Megatron-Core's flex dispatcher) over an expert-parallel group, `token_bytes` the bytes of
+    the tokens one rank routes (each token once, not once per expert).
+
+    A token crosses the network once per other node holding one of its experts, and NVLink once
+    per other rank holding one (the node's receiving GPU forwards it): DeepEP's internode kernel
+    counts a token once per destination node (csrc/kernels/internode.cu, ebfe47e) and sends it
+    over RDMA to the same-index GPU there, which forwards it over NVLink (DeepSeek-V3 report,
+    arXiv 2412.19437, sec. 3.2.2). With experts spread evenly (experts / size a rank):
+        network = (nodes - 1) * P(node holds one) * token_bytes / inter busbw
+        nvlink  = (size - 1) * P(rank holds one) * token_bytes / intra busbw
+    The kernel runs sending, forwarding and receiving at once (separate warps), so the dispatch
+    takes the slower of the two, plus one latency per peer node and per peer rank on the node.
+    A plain all-to-all (all_to_all in collective_time_s) instead sends one copy per expert."""
+    if span.size <= 1:
+        return 0.0 * token_bytes
+    per_rank = experts / span.size
+    intra_bw, intra_lat = _tier_bandwidth(cluster, True, span.per_node)
+    nvlink = (span.size - 1) * hit_probability(experts, top_k, per_rank) * token_bytes / intra_bw
+    fixed = (span.per_node - 1) * intra_lat
+    if span.nodes > 1:
+        inter_bw, inter_lat = _tier_bandwidth(cluster, False, span.per_node)
+        network = ((span.nodes - 1) * hit_probability(experts, top_k, per_rank * span.per_node) * token_bytes
+                   / inter_bw)
+        return (np.maximum(nvlink, network) + fixed + (span.nodes - 1) * inter_lat) * (token_bytes > 0)
+    return (nvlink + fixed) * (token_bytes > 0)
 
 
 def p2p_time_s(message_bytes, inter_node: bool, cluster: Cluster):

@@ -129,10 +129,13 @@ def attention_core_s(layer: Layer, ctx: Ctx, w, cluster: Cluster, precision: str
 
 @lru_cache(maxsize=65536)
 def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span: Span, cp_span: Span,
-               ep_span: Span, kernel: str | None = None, tp_overlap: bool = False) -> LayerCost:
+               ep_span: Span, kernel: str | None = None, tp_overlap: bool = False,
+               ep_dedup: bool = False) -> LayerCost:
     """Forward, backward and recompute time of one layer (formulas in the module docstring);
     `kernel`: the flash attention kernel the runtime runs (runtimes.attention_kernel);
-    `tp_overlap`: whether it hides tensor-parallel collectives behind the GEMMs (runtimes.py)."""
+    `tp_overlap`: whether it hides tensor-parallel collectives behind the GEMMs; `ep_dedup`:
+    whether its MoE dispatcher sends a token once per node and rank (comm.dispatch_time_s)
+    rather than once per expert (runtimes.py)."""
     eff, gpu = cluster.efficiency, cluster.gpu
     w = layer_work(layer, ctx)
     gemm = sum(compute.gemm_time_s(f, i, gpu, precision, eff) for f, i in w.gemms)
@@ -152,7 +155,11 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     # Ring attention (context parallel): cp-1 K/V block exchanges, hidden behind the attention core.
     cp_step = (ctx.cp - 1) * comm.p2p_time_s(w.cp_message_bytes, cp_span.nodes > 1, cluster)
     cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - attn_bwd)
-    ep_one = w.ep_collectives * comm.collective_time_s("all_to_all", w.ep_message_bytes, ep_span, cluster)
+    if ep_dedup and layer.experts:
+        ep_one = w.ep_collectives * float(comm.dispatch_time_s(w.ep_message_bytes / layer.top_k, layer.top_k,
+                                                                layer.experts, ep_span, cluster))
+    else:
+        ep_one = w.ep_collectives * comm.collective_time_s("all_to_all", w.ep_message_bytes, ep_span, cluster)
     recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]
     none = layer_work(layer, _variant(ctx, "none", ctx.ep))
     return LayerCost(fwd=fwd, bwd=bwd, recompute=recompute, tp=2 * tp_one, cp=cp, ep=2 * ep_one,
@@ -302,7 +309,7 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
     return _layer_tables(model, cluster, setup.precision, layer_ctx(model, setup, tp, cp, ep, micro_batch,
                                                                     sequence_parallel),
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
-                         tp_overlap(setup.runtime))
+                         tp_overlap(setup.runtime), setup.dispatcher == "dedup")
 
 
 def kernel_of(cluster: Cluster, setup: TrainingSetup) -> str | None:
@@ -337,7 +344,8 @@ def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: 
 
 @lru_cache(maxsize=4096)
 def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx, base_mode: str,
-                  tp_span: Span, cp_span: Span, ep_span: Span, kernel: str | None, overlap: bool) -> LayerTables:
+                  tp_span: Span, cp_span: Span, ep_span: Span, kernel: str | None, overlap: bool,
+                  ep_dedup: bool = False) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order)."""
     gpu, eff = cluster.gpu, cluster.efficiency
@@ -347,7 +355,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
 
     def costs(mode):
         return [layer_cost(k, _kind_ctx(base, k, mode), cluster, precision, tp_span, cp_span,
-                           ep_span if k.experts else no_group, kernel, overlap) for k in kinds]
+                           ep_span if k.experts else no_group, kernel, overlap, ep_dedup) for k in kinds]
 
     # only strategies with recompute 'full' read the full-recompute rows, and their base mode is
     # 'none': a 'selective' table never recomputes a layer fully, so its rows repeat the base's

@@ -14,6 +14,7 @@ Schedule = Literal["1f1b", "interleaved-1f1b"]
 RECOMPUTES = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 RUNTIMES = ("any", "megatron", "deepspeed", "torchtitan")
+MOE_DISPATCHERS = ("alltoall", "dedup")
 DEFAULT_HEADROOM = 0.05
 """share of each GPU's capacity `plan` keeps free by default (--memory-headroom): room for what
 the model does not count (allocator spikes, NCCL's lazily created communicators, a larger
@@ -33,6 +34,9 @@ class TrainingSetup:
     runtime: str = "any"
     memory_headroom: float = 0.0
     """share of each GPU's capacity kept free (cost/memory.capacity_bytes)"""
+    moe_dispatcher: str = ""
+    """how MoE tokens reach their experts: 'alltoall' or 'dedup' (runtimes.RuntimeRules.ep_dispatch);
+    '' = the runtime's own"""
 
     def __post_init__(self) -> None:
         for name in ("gpus", "global_batch", "seq_len"):
@@ -42,9 +46,20 @@ class TrainingSetup:
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
+        if self.moe_dispatcher not in ("", *MOE_DISPATCHERS):
+            raise SpecError(f"moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
+
+    @property
+    def dispatcher(self) -> str:
+        """the MoE dispatcher priced: the one asked for, else the runtime's"""
+        from planner.runtimes import RUNTIME_RULES
+        return self.moe_dispatcher or RUNTIME_RULES[self.runtime].ep_dispatch
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.moe_dispatcher:
+            del out["moe_dispatcher"]  # the runtime's own: plans made before the knob read alike
+        return out
 
 
 @dataclass(frozen=True, slots=True)
