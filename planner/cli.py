@@ -45,6 +45,9 @@ def _setup_options(f):
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True),
         click.option("--runtime", type=click.Choice(["any", "megatron", "deepspeed", "torchtitan"]), default="any",
                      show_default=True),
+        click.option("--moe-dispatcher", type=click.Choice(["alltoall", "dedup"]), default=None,
+                     help="how MoE tokens reach their experts: one copy per expert (alltoall) or per node and "
+                          "rank (dedup: Megatron's flex dispatcher)  [default: the runtime's]"),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -79,8 +82,8 @@ def _headroom_option(default: float):
 @_headroom_option(0.0)
 @click.option("--json", "as_json", is_flag=True, help="print exactly one plan document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here")
-def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom,
-             as_json, output, **knobs):
+def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, moe_dispatcher,
+             memory_headroom, as_json, output, **knobs):
     """Price exactly the strategy given (unset knobs take documented defaults)."""
     from planner import report
     from planner.errors import SpecError
@@ -98,7 +101,7 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
     constraints = {k: v for k, v in knobs.items() if v is not None}
     plan = estimate_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len,
                          precision=precision, attention=attention, runtime=runtime, constraints=constraints,
-                         memory_headroom=memory_headroom)
+                         memory_headroom=memory_headroom, moe_dispatcher=moe_dispatcher or "")
     text = dumps(plan)
     if output:
         write_atomic(output, text)
@@ -196,8 +199,8 @@ def calibrate(runs_file, cluster_name, output):
 @_headroom_option(DEFAULT_HEADROOM)
 @click.option("--json", "as_json", is_flag=True, help="print exactly one JSON document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here (atomically)")
-def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, solver, time_limit_s,
-         top, show_ranks, memory_headroom, as_json, output, **knobs):
+def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, moe_dispatcher, solver,
+         time_limit_s, top, show_ranks, memory_headroom, as_json, output, **knobs):
     """Search the strategy space and write the best plan (strategy flags are constraints)."""
     from planner import report
     from planner.errors import InfeasibleError
@@ -216,7 +219,8 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
         top = 3 if one_count else 0  # a sweep answers how many GPUs: one plan per count
     request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
                    precision=precision, attention=attention, runtime=runtime, constraints=constraints,
-                   solver=solver, time_limit_s=time_limit_s, top=top, memory_headroom=memory_headroom)
+                   solver=solver, time_limit_s=time_limit_s, top=top, memory_headroom=memory_headroom,
+                   moe_dispatcher=moe_dispatcher or "")
     if one_count:
         with report.progress("searching", delay_s=1.0) as step:
             doc = make_plan(gpus=counts[0], progress=step, **request)

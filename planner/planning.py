@@ -45,19 +45,22 @@ def _notes(cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes
 
 
 def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
-           attention: str, runtime: str, memory_headroom: float) -> TrainingSetup:
+           attention: str, runtime: str, memory_headroom: float, moe_dispatcher: str = "") -> TrainingSetup:
     """The training setup of a request (the model's sequence length unless one is given), after
     checking that the GPU count fills whole nodes."""
     check_gpu_count(gpus, cluster.gpus_per_node)
     return TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len, precision=precision,
-                         attention=attention, runtime=runtime, memory_headroom=memory_headroom)
+                         attention=attention, runtime=runtime, memory_headroom=memory_headroom,
+                         moe_dispatcher=moe_dispatcher)
 
 
 def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None,
-                  precision: str, attention: str, runtime: str, constraints: dict, memory_headroom: float = 0.0) -> dict:
+                  precision: str, attention: str, runtime: str, constraints: dict, memory_headroom: float = 0.0,
+                  moe_dispatcher: str = "") -> dict:
     """The plan document of exactly the strategy given (unset knobs take their defaults; no
     headroom unless asked: a configuration that ran, fits)."""
-    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom)
+    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom,
+                   moe_dispatcher)
     strategy = resolve_strategy(constraints, setup)
     est = estimate(model, cluster, setup, strategy)
     return build_plan(model, cluster, setup, strategy, est, constraints, {"name": "none", "time_limit_s": 0},
@@ -66,10 +69,12 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
               attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
-              top: int = 3, progress=None, found=None, memory_headroom: float = DEFAULT_HEADROOM) -> dict:
+              top: int = 3, progress=None, found=None, memory_headroom: float = DEFAULT_HEADROOM,
+              moe_dispatcher: str = "") -> dict:
     """The plan document of the best strategy (InfeasibleError when nothing fits, SpecError when
     no legal strategy satisfies the request; `found`: the search's bounds, computed beforehand)."""
-    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom)
+    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom,
+                   moe_dispatcher)
     result = search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s, top=top,
                     progress=progress, found=found)
     if result.best is None:
@@ -111,7 +116,7 @@ def replan(doc: dict, refresh_presets: bool = False) -> dict:
                      precision=tr["precision"], attention=tr["attention"], runtime=tr["runtime"],
                      constraints=dict(inputs["constraints"]), solver=inputs["solver"]["name"],
                      time_limit_s=inputs["solver"]["time_limit_s"], top=len(doc.get("alternatives", [])),
-                     memory_headroom=tr.get("memory_headroom", 0.0))
+                     memory_headroom=tr.get("memory_headroom", 0.0), moe_dispatcher=tr.get("moe_dispatcher", ""))
 
 
 def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> dict:
@@ -156,7 +161,8 @@ def _sweep_chunk(request: dict, counts: list[int]) -> list[dict]:
     for n in counts:
         try:
             setups[n] = _setup(r["model"], r["cluster"], n, r["global_batch"], r["seq_len"], r["precision"],
-                               r["attention"], r["runtime"], r.get("memory_headroom", DEFAULT_HEADROOM))
+                               r["attention"], r["runtime"], r.get("memory_headroom", DEFAULT_HEADROOM),
+                               r.get("moe_dispatcher", ""))
         except PlannerError:
             pass  # make_plan says why
     try:

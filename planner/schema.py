@@ -58,7 +58,10 @@ _TRAINING = {"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
              "precision": {"type": "string", "enum": ["bf16", "fp16", "fp8"]},
              "attention": {"type": "string", "enum": ["flash", "eager"]},
              "runtime": {"type": "string", "enum": ["any", "megatron", "deepspeed", "torchtitan"]}}
-TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM})
+TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
+                 "moe_dispatcher": {"type": "string", "enum": ["alltoall", "dedup"]}},
+                required=[*_TRAINING, "memory_headroom"])
+"""moe_dispatcher only where the request named one (else the runtime's own)"""
 _SOLVER = _obj({"name": _STR, "time_limit_s": _NUM})
 INPUTS = _obj({"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,
                "constraints": {"type": "object"}, "solver": _SOLVER, "sha256": _STR})

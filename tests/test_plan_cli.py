@@ -283,3 +283,21 @@ def test_diff_export_and_ranks_read_a_v1_plan_and_say_so():
         result = run(*args)
         assert result.returncode == 0, (args, result.stderr)
         assert "is a planner.plan/v1 plan" in result.stderr
+
+
+def test_a_named_moe_dispatcher_is_recorded_and_replanned(tmp_path):
+    """--moe-dispatcher goes into the plan's training inputs (absent: the runtime's own, and no
+    key), `check` re-plans with it, and the plain all-to-all is never the cheaper of the two."""
+    args = ["plan", "-m", "mixtral-8x7b", "-c", "dgx-h100", "--gpus", "64", "--global-batch", "256", "--seq-len", "4096",
+            "--tp", "2", "--ep", "8", "--runtime", "megatron", "--json"]
+    own = json.loads(run(*args).stdout)
+    plain_path = tmp_path / "plain.json"
+    result = run(*args, "--moe-dispatcher", "alltoall", "-o", str(plain_path))
+    assert result.returncode == 0, result.stderr
+    plain = json.loads(result.stdout)
+    assert "moe_dispatcher" not in own["inputs"]["training"]
+    assert plain["inputs"]["training"]["moe_dispatcher"] == "alltoall"
+    assert plain["prediction"]["breakdown_s"]["ep_comm"] > own["prediction"]["breakdown_s"]["ep_comm"] > 0
+    assert run("check", str(plain_path)).returncode == 0
+    bad = run(*args, "--moe-dispatcher", "deepep")
+    assert bad.returncode == 2 and "--moe-dispatcher" in one_error_line(bad)
