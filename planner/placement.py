@@ -104,7 +104,8 @@ def _span(order: str, degrees: dict[str, int], st: dict[str, int], dims: tuple[s
     elif dims == ("ep",):
         progression = _ep_stride(st, degrees), degrees["ep"]
     else:
-        progression = _progression(st, degrees, dims)
+        # a dimension of degree 1 adds no rank to the group (cp 1 beside dp, apart in the order)
+        progression = _progression(st, degrees, tuple(d for d in dims if degrees[d] > 1) or dims[:1])
     if progression is not None:
         return _run_span(*progression, gpus_per_node, total)
     return _lattice_span(order, degrees, st, dims, gpus_per_node)
