@@ -131,8 +131,9 @@ def candidates(run: Run) -> list[Strategy]:
         if "vpp" in run.unknown:
             knobs["schedule"] = "interleaved-1f1b" if knobs["vpp"] > 1 else "1f1b"
         # an unstated recomputation may be Megatron's --recompute-num-layers: full recompute of
-        # some of each stage's layers
-        counts = ([None, *range(1, -(-run.model.layers // pp))] if "recompute" in run.unknown
+        # some of each stage's layers, where the run's runtime recomputes some layers and not others
+        partial = RUNTIME_RULES[run.runtime].recompute_counts != "all"
+        counts = ([None, *range(1, -(-run.model.layers // pp))] if "recompute" in run.unknown and partial
                   and knobs["recompute"] == "full" and "recompute_layers" not in st else [knobs.get("recompute_layers")])
         for count in counts:
             try:

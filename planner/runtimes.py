@@ -23,9 +23,12 @@ class RuntimeRules:
     even_chunks: bool
     """virtual chunks must hold equal layer counts"""
     uneven_split: str
-    """'any' (any contiguous split), 'ends' (only the first and last stage differ), 'none'"""
-    uniform_recompute: bool
-    """one recompute-num-layers for every stage"""
+    """'any' (any contiguous split), 'ends' (only the first and last stage differ), 'none' (every
+    stage the same layer count: pp divides the layers)"""
+    recompute_counts: str
+    """which layers full recomputation may cover: 'stage' (any count per stage), 'uniform' (one
+    count for every stage: Megatron's --recompute-num-layers), 'all' (every layer or none: one
+    activation-checkpoint policy)"""
     context_parallel: bool
     expert_parallel: bool
     note: str
@@ -36,6 +39,10 @@ class RuntimeRules:
     """hides tensor-parallel collectives behind the GEMMs they feed (Transformer Engine's
     userbuffers comm-GEMM overlap, --tp-comm-overlap), for tp groups inside one node: exposed is
     what the GEMMs cannot cover"""
+    precisions: tuple[str, ...] = ("bf16", "fp16", "fp8")
+    """the mixed-precision recipes it trains with"""
+    ep_precisions: tuple[str, ...] = ("bf16", "fp16", "fp8")
+    """those of them it runs expert parallelism in"""
     ep_dispatch: str = "alltoall"
     """how it moves MoE tokens to their experts: 'alltoall' (one copy per expert chosen,
     torch.distributed all_to_all) or 'dedup' (Megatron-Core's flex dispatcher with DeepEP or
@@ -56,28 +63,41 @@ class RuntimeRules:
 
 
 RUNTIME_RULES: dict[str, RuntimeRules] = {
-    "any": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", False, True, True,
+    "any": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True,
                         "no runtime restriction", tp_overlap=True, ep_dispatch="dedup", attention=("cudnn", "fa2")),
-    "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", True, True, True,
+    "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
-                             tp_overlap=True, ep_dispatch="dedup", attention=("cudnn", "fa2")),
-    "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", True, False, True,
+                             tp_overlap=True, ep_dispatch="dedup", attention=("cudnn", "fa2"),
+                             # validate_args: "Expert parallelism is not supported with fp16 training."
+                             ep_precisions=("bf16", "fp8")),
+    "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
-                              "parallelism, even split, pipeline stages outermost", orders=("tp-cp-ep-dp-pp",)),
-    "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", True, True, True,
-                               "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism",
-                               orders=("tp-cp-ep-dp-pp",), replicate_alone=True),
+                              "parallelism, layers split evenly (pp divides them), activation checkpointing of "
+                              "every layer or none, pipeline stages outermost; no FP8 training mode",
+                              orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16")),
+    "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", "all", True, True,
+                               "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
+                               "activation checkpointing of every layer or none; no fp16 mixed precision",
+                               orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8")),
 }
 # Runtimes that published runs ran on but that the search does not target: their space is left
 # unrestricted; what the cost model reads of them is the attention kernel.
 RUNTIME_RULES["megatron@2022"] = RuntimeRules(
-    (0, 1), (0, 1), True, True, "ends", True, True, True,
+    (0, 1), (0, 1), True, True, "ends", "uniform", True, True,
     "Megatron-LM of 2021-22 (the SC21 and Korthikanti et al. runs): no TP comm overlap, gradients all-reduced "
     "after backward (dp_overlap false), no fused attention")
 for _name, _note in (("nanotron", "nanotron (flash_attn)"), ("composer", "MosaicML llm-foundry (FSDP, flash_attn)"),
                      ("other", "a runtime not described here (flash_attn assumed)")):
-    RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", False, True, True, _note)
+    RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True, _note)
+
+
+def precision_refusal(runtime: str, precision: str) -> str | None:
+    """Why `runtime` cannot train in `precision` (None when it can): its record's precisions."""
+    rules = RUNTIME_RULES[runtime]
+    if precision in rules.precisions:
+        return None
+    return f"runtime {runtime} has no {precision} training (it trains in {', '.join(rules.precisions)})"
 
 
 def tp_overlap(runtime: str) -> bool:

@@ -344,7 +344,7 @@ def test_deepspeed_refuses(plans, case):
 def test_deepspeed_refuses_fp8(plans):
     plan = copy.deepcopy(plans["llama3-8b-pp2"])
     plan["inputs"]["training"]["precision"] = "fp8"
-    assert "FP8" in refused(plan, "deepspeed")
+    assert "trains in bf16, fp16 only; the plan has precision fp8" in refused(plan, "deepspeed")
 
 
 def test_deepspeed_config_class_accepts_it(plans):

@@ -3,7 +3,10 @@ search towards one of the refusals: ZeRO >= 2 with pipelines, interleaving, cont
 per-stage recompute counts, replication with model parallelism, uneven splits)."""
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from planner.errors import PlannerError
 from planner.export import export
 from planner.planning import make_plan
 from planner.spec.hardware import load_cluster
@@ -27,4 +30,38 @@ def test_plan_for_a_runtime_exports_to_it(runtime, setup):
                      seq_len=seq, precision="bf16", attention="flash", runtime=runtime, constraints=constraints,
                      top=0)
     assert plan["inputs"]["training"]["runtime"] == runtime
+    assert export(plan, RUNTIMES[runtime])
+
+
+PROPERTY_MODELS = ("llama3-8b", "llama2-7b", "llama3-70b", "mixtral-8x7b", "gpt3-175b")
+PROPERTY_CLUSTERS = ("dgx-h100", "dgx-a100-80g", "dgx-a100-40g")
+
+
+@st.composite
+def runtime_setups(draw):
+    """A setup a user could bring: a preset decoder on a preset cluster, a GPU count, batch,
+    sequence, precision and sometimes a constraint (the search may find nothing that fits)."""
+    model = draw(st.sampled_from(PROPERTY_MODELS))
+    cluster = draw(st.sampled_from(PROPERTY_CLUSTERS))
+    gpus = draw(st.sampled_from([8, 16, 32, 64, 128, 256, 512]))
+    batch = gpus * draw(st.sampled_from([1, 2, 4, 8]))
+    seq = draw(st.sampled_from([2048, 4096, 8192, 16384]))
+    precision = draw(st.sampled_from(["bf16", "fp8"] if cluster == "dgx-h100" else ["bf16", "fp16"]))
+    constraints = draw(st.sampled_from([{}, {}, {"recompute": "full"}, {"pp": 2}, {"pp": 4}, {"zero": 1}]))
+    return model, cluster, gpus, batch, seq, precision, constraints
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          derandomize=True)
+@given(runtime_setups())
+def test_every_plan_for_a_runtime_exports_to_it(runtime, setup):
+    """Issue 12: wherever `plan --runtime R` succeeds, `export --to R` does not refuse (the
+    search's legal space and the exporter read one capability record)."""
+    model, cluster, gpus, batch, seq, precision, constraints = setup
+    try:
+        plan = make_plan(load_model(model), load_cluster(cluster), gpus=gpus, global_batch=batch, seq_len=seq,
+                         precision=precision, attention="flash", runtime=runtime, constraints=constraints, top=0)
+    except PlannerError:
+        return  # refused, or nothing fits: no plan to export
     assert export(plan, RUNTIMES[runtime])

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -345,10 +346,12 @@ def test_runtime_rules_are_honoured(runtime):
             assert s.cp == 1
         sizes = [b - a for a, b in cand.bounds]
         if rules.uneven_split == "none":
-            assert max(sizes) - min(sizes) <= 1
-        if rules.uniform_recompute and cand.recompute_layers:
-            assert len({min(r, n) for r, n in zip(cand.recompute_layers, sizes)}) >= 1
-            assert len(set(cand.recompute_layers) - set(sizes)) <= 1
+            assert len(set(sizes)) == 1
+        counts = cand.recompute_layers
+        if s.recompute == "full" and rules.recompute_counts == "all":
+            assert counts is None or tuple(counts) == tuple(sizes)  # every layer
+        if rules.recompute_counts == "uniform" and counts:
+            assert len(set(counts) - set(sizes)) <= 1
 
 
 def test_constraints_are_honoured():
@@ -367,7 +370,7 @@ def _tight_cluster(memory_gib: float):
     return replace(CLUSTER, gpu=replace(CLUSTER.gpu, memory_bytes=memory_gib * 1024**3))
 
 
-def brute_force_tight(model, cluster, setup, fixed):
+def brute_force_tight(model, cluster, setup, fixed, every_layer: bool = False):
     """Best step over every degree, micro-batch, vpp, mode, split and (recompute 'full') count of
     recomputed layers per stage, tp and cp fixed to 1, priced with `estimate`."""
     best = None
@@ -383,7 +386,12 @@ def brute_force_tight(model, cluster, setup, fixed):
                     continue
                 for bounds in _splits(model.layers, pp, vpp):
                     sizes = [sum(b - a for a, b in bounds[i::pp]) for i in range(pp)]
-                    counts = itertools.product(*(range(n + 1) for n in sizes)) if mode == "full" else [None]
+                    if mode != "full":
+                        counts = [None]
+                    elif every_layer:  # the runtime recomputes every layer or none
+                        counts = [tuple(sizes)]
+                    else:
+                        counts = itertools.product(*(range(n + 1) for n in sizes))
                     for count in counts:
                         est = estimate(model, cluster, setup, s, bounds=bounds, recompute_layers=count)
                         if est.fits and (best is None or est.step_time_s < best):
@@ -420,6 +428,26 @@ def test_search_equals_brute_force_when_memory_is_tight(instance):
     assert result.proven_optimal
     assert result.considered == result.pruned_memory + result.pruned_bound + result.priced  # each counted once
     assert result.best.step_time_s == pytest.approx(expected, rel=TIE)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tight_instances())
+def test_search_equals_brute_force_for_a_runtime_that_recomputes_every_layer_or_none(instance):
+    """torchtitan checkpoints every layer or none: the search's 'full' plans recompute all their
+    layers, and the best is brute force's over that space (FSDP, any split)."""
+    model, cluster, setup, fixed = instance
+    setup = replace(setup, runtime="torchtitan")
+    fixed = dict(fixed, zero=3)
+    result = search(model, cluster, setup, fixed)
+    expected = brute_force_tight(model, cluster, setup, fixed, every_layer=True)
+    if expected is None:
+        assert result.best is None
+        return
+    assert result.proven_optimal
+    assert result.best.step_time_s == pytest.approx(expected, rel=TIE)
+    if result.best.strategy.recompute == "full":
+        sizes = tuple(b - a for a, b in result.best.bounds)
+        assert result.best.recompute_layers in (None, sizes)
 
 
 def test_strategies_with_equal_pricing_keys_price_alike():
@@ -476,15 +504,16 @@ def test_split_dp_window_keeps_every_split_that_beats_the_cutoff(pp, micro_batch
                  sequence_parallel=False)
     prof = profile(model, CLUSTER, setup, s)
     width = space.stage_width(model.layers, pp)
-    every = _tables(prof, width)
+    rules = space.RUNTIME_RULES["any"]
+    every = _tables(prof, rules, width)
     best = stages.best_split(*every, prof.microbatches)
     for cutoff in (best.step_s * (1 + 1e-12), best.step_s * 1.002, best.step_s * 1.02, best.step_s * 0.999):
         expected = stages.best_split(*every, prof.microbatches, cutoff)
-        found = _dp_split(prof, cutoff)
+        found = _dp_split(prof, rules, cutoff)
         assert (found is None) == (expected is None)
         if found is not None:
             assert (found.bounds, found.step_s) == (expected.bounds, expected.step_s)
-    narrowed = _tables(prof, width, cutoff=best.step_s * (1 + 1e-12))[0]
+    narrowed = _tables(prof, rules, width, cutoff=best.step_s * (1 + 1e-12))[0]
     assert np.isfinite(narrowed).sum() < np.isfinite(every[0]).sum()  # the window does leave ranges out
 
 
@@ -621,7 +650,7 @@ def test_splits_and_counts_chosen_together_where_the_relaxed_split_falls_short()
     s = Strategy(dp=2, tp=8, pp=8, cp=1, micro_batch=1, zero=1, recompute="full", sequence_parallel=True)
     prof = profile(model, cluster, setup, s)
     rules = space.RUNTIME_RULES["any"]
-    relaxed, joint = _dp_split(prof), _dp_split(prof, counts=True)
+    relaxed, joint = _dp_split(prof, rules), _dp_split(prof, rules, counts=True)
     stats = {"programmes": 0, "ilp": 0, "optimal": True}
     alone = _with_counts(prof, relaxed.bounds, rules, cluster.gpu.memory_bytes, "highs", 10.0, math.inf, stats)
     together = _candidate(prof, joint.bounds, joint.options)

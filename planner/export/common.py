@@ -174,6 +174,13 @@ def single_recompute_policy(v: PlanView, runtime: str) -> str:
     return "full"
 
 
+def check_precision(v: PlanView, runtime: str, record: str) -> None:
+    """The plan's precision is one the runtime's capability record trains in (runtimes.py)."""
+    from planner.runtimes import RUNTIME_RULES
+    precisions = RUNTIME_RULES[record].precisions
+    require(v.precision in precisions, runtime, f"trains in {', '.join(precisions)} only", f"precision {v.precision}")
+
+
 def check_common(v: PlanView, runtime: str) -> None:
     """The checks every exporter makes."""
     check_gpus(v, runtime)

@@ -30,6 +30,7 @@ from planner.export.common import (
     PlanView,
     check_common,
     check_even_split,
+    check_precision,
     check_rank_order,
     read,
     require,
@@ -57,7 +58,7 @@ def config(v: PlanView) -> dict:
             f"zero {v.zero} with pp {v.pp}")
     require(v.vpp == 1, RUNTIME, "has no interleaved pipeline schedule", f"vpp {v.vpp}")
     require(v.cp == 1, RUNTIME, "has no context parallelism", f"cp {v.cp}")
-    require(v.precision != "fp8", RUNTIME, "has no FP8 training mode", "precision fp8")
+    check_precision(v, RUNTIME, "deepspeed")
     check_even_split(v, RUNTIME)
     check_rank_order(v, RUNTIME, ("tp-cp-ep-dp-pp",))
     recompute = single_recompute_policy(v, RUNTIME)

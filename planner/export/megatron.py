@@ -33,6 +33,7 @@ from planner.export.common import (
     refusal,
     require,
 )
+from planner.runtimes import RUNTIME_RULES
 
 RUNTIME = "Megatron-LM"
 FORMATS = ("lines", "shell")
@@ -119,8 +120,9 @@ def _parallel(v: PlanView) -> list[Arg]:
     args: list[Arg] = [("--tensor-model-parallel-size", v.tp), ("--pipeline-model-parallel-size", v.pp),
                        ("--context-parallel-size", v.cp)]
     if v.model.moe is not None:
-        require(v.ep == 1 or v.precision != "fp16", RUNTIME, "has no expert parallelism in fp16",
-                f"ep {v.ep} with fp16")
+        precisions = RUNTIME_RULES["megatron"].ep_precisions
+        require(v.ep == 1 or v.precision in precisions, RUNTIME,
+                f"runs expert parallelism in {', '.join(precisions)} only", f"ep {v.ep} with {v.precision}")
         args += [("--expert-model-parallel-size", v.ep)]
     if v.sequence_parallel:
         args += [("--sequence-parallel", None)]

@@ -36,6 +36,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PlanView,
     check_common,
+    check_precision,
     check_rank_order,
     check_transformer,
     describe_split,
@@ -72,7 +73,7 @@ def job_config(v: PlanView, cli: bool = False) -> dict[str, dict]:
                 f"zero 0 with cp {v.cp}")
         require(v.dp == 1 or v.tp == v.pp == 1, RUNTIME, "replicates (DDP) only when dp is the sole parallelism",
                 f"zero 0 with dp {v.dp}, tp {v.tp}, pp {v.pp}")
-    require(v.precision != "fp16", RUNTIME, "has no fp16 mixed precision (bfloat16 or float32)", "precision fp16")
+    check_precision(v, RUNTIME, "torchtitan")
     check_rank_order(v, RUNTIME, ("tp-cp-ep-dp-pp",))
     recompute = single_recompute_policy(v, RUNTIME)
     shard = v.dp if v.zero == 3 else 1

@@ -151,7 +151,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
                 zero_sets[zkey] = tuple(z for z in (rules.zero_with_pp if pp > 1 else rules.zero)
                                         if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
             zeros = zero_sets[zkey]
-            for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules):
+            for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules, setup.precision):
                 placed = set()
                 for o, order in enumerate(orders):
                     spans = group_spans(order, tp, cp, dp, pp, ep, g)

@@ -359,18 +359,18 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
         # fixed) its best counts would take an ILP, which costs more than the narrower window
         # saves once a plan bounds the window; before, the even split with no layer recomputed or
         # all of them, whichever fits and is faster, caps it.
-        if s.recompute != "full" or s.recompute_layers is not None:
+        if not _counts_free(s, rules):
             plain = _candidate(prof, even, None)
         elif best_s == float("inf"):
             plain = min((c for c in (_candidate(prof, even, (0,) * s.pp), _candidate(prof, even, None)) if c.fits),
                         key=lambda c: c.step_time_s, default=None)
         cutoff = min(best_s, plain.step_time_s) if plain is not None and plain.fits else best_s
-        found = _dp_split(prof, cutoff)
+        found = _dp_split(prof, rules, cutoff)
         if found is not None:
             stats["programmes"] += found.programmes
             stats["optimal"] &= found.exhaustive
     elif s.pp > 2 and s.vpp == 1 and rules.uneven_split == "ends":
-        found = _ends_split(prof, cap)
+        found = _ends_split(prof, rules, cap)
     if found is None:  # nothing fits or beats the cutoff: the even split says by how much
         if free_split and plain is None:
             # under 'full', no split and no counts fit or beat the cutoff (the DP's proof): no
@@ -379,13 +379,13 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
             return _candidate(prof, even, _least_fitting(prof, even, cap)), stats
         return plain or _with_counts(prof, even, rules, cap, solver, time_limit_s, best_s, stats), stats
     cand = _with_counts(prof, found.bounds, rules, cap, solver, time_limit_s, best_s, stats)
-    if s.recompute == "full" and s.recompute_layers is None:
+    if _counts_free(s, rules):
         # the split was chosen on relaxed tables (each range at its least time and least tail), so
         # another split may do better once the counts are chosen exactly
         if cand.step_time_s > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
-            if free_split and not rules.uniform_recompute:
+            if free_split and rules.recompute_counts == "stage":
                 # choose the split and each stage's count together: the DP over counts is exact
-                joint = _dp_split(prof, min(cutoff, cand.step_time_s), counts=True)
+                joint = _dp_split(prof, rules, min(cutoff, cand.step_time_s), counts=True)
                 if joint is not None:
                     stats["programmes"] += joint.programmes
                     stats["optimal"] &= joint.exhaustive
@@ -397,11 +397,18 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     return cand, stats
 
 
+def _counts_free(s: Strategy, rules) -> bool:
+    """Whether the search chooses how many layers each stage recomputes: under 'full' when the
+    strategy fixes no count and the runtime runs some layers recomputed and others not (a runtime
+    whose checkpointing covers every layer or none recomputes them all)."""
+    return s.recompute == "full" and s.recompute_layers is None and rules.recompute_counts != "all"
+
+
 def _with_counts(prof, split, rules, cap, solver, time_limit_s, best_s, stats) -> Candidate:
     """The split priced, with each stage's count of recomputed layers from the ILP under 'full'
     (when the strategy does not fix it); the ILP's work goes into `stats`."""
     counts = None
-    if prof.strategy.recompute == "full" and prof.strategy.recompute_layers is None:
+    if _counts_free(prof.strategy, rules):
         result = _recompute(prof, split, rules, cap, solver, time_limit_s, best_s)
         stats["ilp"] += result is not None and not result.shortcut
         if result is not None:
@@ -419,7 +426,7 @@ def _candidate(prof, split, counts) -> Candidate:
                      peak_memory_bytes=peak, fits=peak <= memory.capacity_bytes(prof.cluster, prof.setup))
 
 
-def _tables(prof, width: int, counts: bool = False, cutoff: float = float("inf")):
+def _tables(prof, rules, width: int, counts: bool = False, cutoff: float = float("inf")):
     """t, tail, ok of every stage position, first layer and length (<= width), shaped
     (pp, layers+1, width) for stages.best_split; priced only where some split of pp stages of
     1..width layers can hold that range at that position (elsewhere t is inf and ok False). With
@@ -432,7 +439,7 @@ def _tables(prof, width: int, counts: bool = False, cutoff: float = float("inf")
     A count the strategy fixes (recompute_layers, at most the range's length) is no choice: the
     tables are then exact."""
     s, L, p = prof.strategy, prof.model.layers, prof.strategy.pp
-    free_counts = s.recompute == "full" and s.recompute_layers is None
+    free_counts = _counts_free(s, rules)
     i, a, n = _ranges(p, L, width)
     m = prof.microbatches
     if cutoff < float("inf") and m > 1:
@@ -458,7 +465,7 @@ def _tables(prof, width: int, counts: bool = False, cutoff: float = float("inf")
         else:
             tails = _relaxed_tail(at_least, at_all, reduction_hiding(prof.cluster, i, s.dp_overlap))
     else:
-        fixed = 0 if s.recompute_layers is None else np.minimum(s.recompute_layers, n)
+        fixed = np.minimum(s.recompute_layers, n) if s.recompute_layers is not None else n if s.recompute == "full" else 0
         terms = stage_terms(prof, i, rng, fixed)
         times, tails, fits = terms["t"], terms["tail"], terms["memory"] <= cap
     if len(size) == 1:
@@ -558,21 +565,21 @@ def _least_counts(prof, i, rng, n, cap):
     return least, some
 
 
-def _dp_split(prof, cutoff: float = float("inf"), counts: bool = False) -> stages.Split | None:
+def _dp_split(prof, rules, cutoff: float = float("inf"), counts: bool = False) -> stages.Split | None:
     """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`).
     With `counts` (recompute 'full', a count per stage) it chooses each stage's count too
     (Split.options)."""
-    t, tail, ok = _tables(prof, space.stage_width(prof.model.layers, prof.strategy.pp), counts, cutoff)
+    t, tail, ok = _tables(prof, rules, space.stage_width(prof.model.layers, prof.strategy.pp), counts, cutoff)
     return stages.best_split(t, tail, ok, prof.microbatches, cutoff)
 
 
-def _ends_split(prof, cap) -> stages.Split | None:
+def _ends_split(prof, rules, cap) -> stages.Split | None:
     """Megatron's uneven split: first and last stage free, the middle stages equal (full
     recomputation of every layer when the mode is 'full'; the ILP then picks the count)."""
     s, L = prof.strategy, prof.model.layers
     p = s.pp
     width = space.stage_width(L, p)
-    t, tail, ok = (x[..., 0] for x in _tables(prof, width))
+    t, tail, ok = (x[..., 0] for x in _tables(prof, rules, width))
     m = prof.microbatches
     best = None
     for first in range(1, min(L, width + 1)):
@@ -613,17 +620,17 @@ def _recompute(prof, bounds, rules, cap, solver, time_limit_s, best_s: float) ->
         kept, lowest = {}, float("inf")
         # Megatron recomputes the same N layers of every virtual chunk: with interleaving only
         # none or all of a stage's layers are expressible
-        whole = rules.uniform_recompute and s.vpp > 1
+        whole = rules.recompute_counts == "uniform" and s.vpp > 1
         for k in range(n + 1):
             if whole and k not in (0, n):
                 continue
-            if fits[stage, k] and (rules.uniform_recompute or tail[stage, k] < lowest):
+            if fits[stage, k] and (rules.recompute_counts == "uniform" or tail[stage, k] < lowest):
                 kept[k] = (float(t[stage, k]), float(tail[stage, k]))
                 lowest = min(lowest, float(tail[stage, k]))
         options.append(kept)
     if not all(options):
         return None
-    uniform = counts if rules.uniform_recompute else None
+    uniform = counts if rules.recompute_counts == "uniform" else None
     least = tuple(min(o) for o in options)
     times = [o[r][0] for o, r in zip(options, least)]
     tails = [o[r][1] for o, r in zip(options, least)]

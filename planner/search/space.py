@@ -77,11 +77,14 @@ def degree_tuples(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixe
                 dp = rest // pp
                 if pp > model.layers or setup.global_batch % dp or ("dp" in fixed and fixed["dp"] != dp):
                     continue
+                if rules.uneven_split == "none" and model.layers % pp:
+                    continue  # every stage the same layer count
                 yield tp, cp, pp, dp
 
 
-def ep_options(model: ModelSpec, dp: int, cp: int, fixed: int | None, rules: RuntimeRules) -> list[int]:
-    if model.moe is None or not rules.expert_parallel:
+def ep_options(model: ModelSpec, dp: int, cp: int, fixed: int | None, rules: RuntimeRules,
+               precision: str = "bf16") -> list[int]:
+    if model.moe is None or not rules.expert_parallel or precision not in rules.ep_precisions:
         return allowed([1], fixed)
     return allowed([e for e in divisors(math.gcd(model.moe.experts, dp * cp))], fixed)
 

@@ -46,6 +46,12 @@ class TrainingSetup:
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
+        from planner.runtimes import RUNTIME_RULES, precision_refusal
+        if self.runtime not in RUNTIME_RULES:
+            raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
+        refused = precision_refusal(self.runtime, self.precision)
+        if refused:
+            raise SpecError(refused)
         if self.moe_dispatcher not in ("", *MOE_DISPATCHERS):
             raise SpecError(f"moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
 
