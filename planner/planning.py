@@ -49,6 +49,10 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
     """The training setup of a request (the model's sequence length unless one is given), after
     checking that the GPU count fills whole nodes."""
     check_gpu_count(gpus, cluster.gpus_per_node)
+    seq = seq_len or model.seq_len
+    if not model.is_graph and model.position_embedding == "learned" and seq > model.max_position:
+        raise SpecError(f"--seq-len {seq}: {model.name} has a learned position table of {model.max_position} "
+                        "positions; a longer sequence has no position embedding")
     return TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len, precision=precision,
                          attention=attention, runtime=runtime, memory_headroom=memory_headroom,
                          moe_dispatcher=moe_dispatcher)
@@ -63,8 +67,9 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
                    moe_dispatcher)
     strategy = resolve_strategy(constraints, setup)
     est = estimate(model, cluster, setup, strategy)
-    return build_plan(model, cluster, setup, strategy, est, constraints, {"name": "none", "time_limit_s": 0},
-                      notes=_notes(cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu))
+    return _with_runtimes(build_plan(model, cluster, setup, strategy, est, constraints,
+                                     {"name": "none", "time_limit_s": 0},
+                                     notes=_notes(cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu)))
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
@@ -91,9 +96,19 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
                                               best.step_time_s, cap))
     notes = _notes(cluster, setup, proven_optimal=result.proven_optimal, mfu=est.mfu)
-    return build_plan(model, cluster, setup, best.strategy, est, constraints,
-                      {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives, notes=notes,
-                      search=result.summary())
+    return _with_runtimes(build_plan(model, cluster, setup, best.strategy, est, constraints,
+                                     {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives,
+                                     notes=notes, search=result.summary()))
+
+
+def _with_runtimes(doc: dict) -> dict:
+    """The plan with runnable_on: the runtimes that execute it as planned (export.runnable_on),
+    and a note when none does."""
+    from planner.export import runnable_on
+    doc["runnable_on"] = runnable_on(doc)
+    if not doc["runnable_on"]:
+        doc["notes"].append("no supported runtime runs this plan as planned: `planner export` says what each lacks")
+    return doc
 
 
 def replan(doc: dict, refresh_presets: bool = False) -> dict:

@@ -39,6 +39,9 @@ def estimate_table(plan: dict) -> None:
     for label, value in rows:
         summary.add_row(label, value)
     err.print(summary)
+    if "runnable_on" in plan:
+        names = ", ".join(r["runtime"] for r in plan["runnable_on"]) or "none of the supported runtimes"
+        err.print(f"runs on: {names}", markup=False, highlight=False)
     if band:
         err.print(f"band: {band['low_error'] * 100:+.1f} % to {band['high_error'] * 100:+.1f} % of measured, "
                   f"from {band['rows']} out-of-sample runs ({band['basis']})", markup=False, highlight=False)

@@ -65,3 +65,26 @@ def test_every_plan_for_a_runtime_exports_to_it(runtime, setup):
     except PlannerError:
         return  # refused, or nothing fits: no plan to export
     assert export(plan, RUNTIMES[runtime])
+    assert runtime in [r["runtime"] for r in plan["runnable_on"]]
+
+
+def test_runnable_on_lists_exactly_the_runtimes_that_take_the_plan():
+    """runnable_on names each runtime whose exporter takes the plan, with the version it was
+    checked against; the others refuse it. The README's quick-start plan (the unrestricted
+    space) runs on none of them today, and says so in its notes."""
+    from planner.errors import ExportError
+    from planner.export import CHECKED_AGAINST, EXPORTERS
+
+    for runtime in ("any", "deepspeed"):
+        plan = make_plan(load_model("llama3-70b"), load_cluster("dgx-h100"), gpus=64, global_batch=512, seq_len=4096,
+                         precision="bf16", attention="flash", runtime=runtime, constraints={}, top=0)
+        listed = {r["runtime"]: r["checked_against"] for r in plan["runnable_on"]}
+        for name in EXPORTERS:
+            try:
+                export(plan, name)
+                assert listed[name] == CHECKED_AGAINST[name]
+            except ExportError:
+                assert name not in listed
+        if not listed:
+            assert any("no supported runtime runs this plan" in n for n in plan["notes"])
+    assert "deepspeed" in listed

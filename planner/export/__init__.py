@@ -24,7 +24,15 @@ FORMATS = {
 }
 """formats of each runtime; the first is the default"""
 
-__all__ = ["EXPORTERS", "FORMATS", "ExportError", "export"]
+CHECKED_AGAINST = {
+    "megatron": megatron.CHECKED_AGAINST,
+    "deepspeed": deepspeed.CHECKED_AGAINST,
+    "torchtitan": torchtitan.CHECKED_AGAINST,
+    "nanotron": nanotron.CHECKED_AGAINST,
+}
+"""the runtime version each exporter's output was checked against"""
+
+__all__ = ["CHECKED_AGAINST", "EXPORTERS", "FORMATS", "ExportError", "export", "runnable_on"]
 
 
 def export(plan: dict, runtime: str, fmt: str | None = None) -> str:
@@ -37,3 +45,17 @@ def export(plan: dict, runtime: str, fmt: str | None = None) -> str:
     if fmt not in formats:
         raise ExportError(f"{runtime} exports as {', '.join(formats)}; not {fmt!r}")
     return EXPORTERS[runtime](plan, fmt)
+
+
+def runnable_on(plan: dict) -> list[dict]:
+    """The runtimes that execute the plan as planned: those whose exporter takes it without a
+    refusal (each refusal is what that runtime cannot run), with the version the output was
+    checked against. A plan lists them under runnable_on."""
+    out = []
+    for runtime, exporter in EXPORTERS.items():
+        try:
+            exporter(plan, FORMATS[runtime][0])
+        except ExportError:
+            continue
+        out.append({"runtime": runtime, "checked_against": CHECKED_AGAINST[runtime]})
+    return out

@@ -39,6 +39,8 @@ from planner.export.common import (
 
 RUNTIME = "DeepSpeed"
 FORMATS = ("json",)
+CHECKED_AGAINST = "DeepSpeed 0.16.4 and 0.18.2 (DeepSpeedConfig)"
+"""the runtime versions whose config class this output was checked against"""
 BUCKET_BYTES = 500_000_000
 """DeepSpeed's default reduce/allgather bucket size (elements), zero/config.py"""
 STAGE3_DEFAULTS = {"stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000,

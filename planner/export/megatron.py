@@ -37,6 +37,8 @@ from planner.runtimes import RUNTIME_RULES
 
 RUNTIME = "Megatron-LM"
 FORMATS = ("lines", "shell")
+CHECKED_AGAINST = "Megatron-LM 000c4ac (megatron/training/arguments.py, 2025)"
+"""the runtime version whose argument parser this output was read against (tests/data/megatron_arguments.txt)"""
 POSITION_TYPES = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
 ORDER_FLAGS = {"tp-cp-ep-dp-pp": [], "tp-cp-ep-pp-dp": [("--use-tp-pp-dp-mapping", None)]}
 

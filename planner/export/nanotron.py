@@ -32,6 +32,8 @@ from planner.export.common import (
 
 RUNTIME = "nanotron"
 FORMATS = ("yaml",)
+CHECKED_AGAINST = "nanotron 0.4 (config/parallelism_config.py, config.py)"
+"""the runtime version whose config classes this output follows"""
 
 
 def export(plan: dict, fmt: str = "yaml") -> str:

@@ -48,6 +48,8 @@ from planner.export.common import (
 
 RUNTIME = "torchtitan"
 FORMATS = ("toml", "cli")
+CHECKED_AGAINST = "torchtitan 0.2.0 and 0.2.2 (torchtitan/config/job_config.py)"
+"""the runtime versions whose config manager this output was checked against"""
 SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 
 
