@@ -26,6 +26,7 @@ from planner.export.torchtitan import generated_split
 from planner.planning import make_plan
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
+from runtime_checks import check_deepspeed, check_torchtitan, megatron_args, megatron_known
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "export"
@@ -103,23 +104,6 @@ def refused(plan: dict, runtime: str, fmt: str | None = None) -> str:
     message = str(info.value)
     assert "\n" not in message and message.startswith("cannot export to ")
     return message
-
-
-def megatron_args(text: str) -> dict[str, str | None]:
-    """--flag [value] pairs of an exported argument list."""
-    tokens = shlex.split(text)
-    args: dict[str, str | None] = {}
-    for i, token in enumerate(tokens):
-        if token.startswith("--"):
-            value = tokens[i + 1] if i + 1 < len(tokens) and not tokens[i + 1].startswith("--") else None
-            assert token not in args, f"{token} given twice"
-            args[token] = value
-    return args
-
-
-def megatron_known() -> set[str]:
-    lines = (DATA / "megatron_arguments.txt").read_text().splitlines()
-    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
 
 
 # ---------------------------------------------------------------- golden files and dispatch
@@ -348,16 +332,9 @@ def test_deepspeed_refuses_fp8(plans):
 
 
 def test_deepspeed_config_class_accepts_it(plans):
-    config = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is not installed")
     plan = plans["llama3-8b-pp2"]
-    for doc in (json.loads(export(plan, "deepspeed")),
-                json.loads(export(variant(plan, pp=1, dp=8, zero=3, recompute="full", recompute_layers=[32]),
-                                  "deepspeed"))):
-        # without torch.distributed DeepSpeed takes one data-parallel rank: give it one rank's batch
-        one_rank = dict(doc, train_batch_size=doc["train_batch_size"] // doc["_planner"]["data_parallel_size"])
-        ds = config.DeepSpeedConfig(one_rank)
-        assert ds.gradient_accumulation_steps == doc["gradient_accumulation_steps"]
-        assert ds.zero_optimization_stage == doc["zero_optimization"]["stage"]
+    check_deepspeed(plan)
+    check_deepspeed(variant(plan, pp=1, dp=8, zero=3, recompute="full", recompute_layers=[32]))
 
 
 # ---------------------------------------------------------------- torchtitan
@@ -444,16 +421,8 @@ def test_torchtitan_cli_refuses_a_split_its_knobs_cannot_make(plans):
     assert tomllib.loads(export(plan, "torchtitan"))["parallelism"]["module_fqns_per_model_part"]
 
 
-def test_torchtitan_config_manager_accepts_it(plans, tmp_path):
-    manager = pytest.importorskip("torchtitan.config.manager", reason="torchtitan is not installed")
-    plan = plans["llama3-8b-fsdp"]
-    path = tmp_path / "job.toml"
-    path.write_text(export(plan, "torchtitan"))
-    from_toml = manager.ConfigManager().parse_args(["--job.config_file", str(path)])
-    from_cli = manager.ConfigManager().parse_args(shlex.split(export(plan, "torchtitan", "cli")))
-    for config in (from_toml, from_cli):
-        assert config.parallelism.tensor_parallel_degree == plan["strategy"]["tp"]
-        assert config.parallelism.data_parallel_shard_degree == plan["strategy"]["dp"]
+def test_torchtitan_config_manager_accepts_it(plans):
+    check_torchtitan(plans["llama3-8b-fsdp"])
 
 
 # ---------------------------------------------------------------- nanotron

@@ -11,6 +11,7 @@ from planner.export import export
 from planner.planning import make_plan
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
+from runtime_checks import CHECKS
 
 SETUPS = [
     # (model, cluster, gpus, global batch, seq, constraints)
@@ -57,7 +58,8 @@ def runtime_setups(draw):
 @given(runtime_setups())
 def test_every_plan_for_a_runtime_exports_to_it(runtime, setup):
     """Issue 12: wherever `plan --runtime R` succeeds, `export --to R` does not refuse (the
-    search's legal space and the exporter read one capability record)."""
+    search's legal space and the exporter read one capability record), and the runtime's own
+    config code reads the export (runtime_checks)."""
     model, cluster, gpus, batch, seq, precision, constraints = setup
     try:
         plan = make_plan(load_model(model), load_cluster(cluster), gpus=gpus, global_batch=batch, seq_len=seq,
@@ -66,6 +68,7 @@ def test_every_plan_for_a_runtime_exports_to_it(runtime, setup):
         return  # refused, or nothing fits: no plan to export
     assert export(plan, RUNTIMES[runtime])
     assert runtime in [r["runtime"] for r in plan["runnable_on"]]
+    CHECKS[runtime](plan)  # and the runtime's own code reads the export
 
 
 def test_runnable_on_lists_exactly_the_runtimes_that_take_the_plan():

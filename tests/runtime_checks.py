@@ -1,0 +1,81 @@
+"""Each runtime's own reading of an export (issue 12 item 5): DeepSpeed's DeepSpeedConfig and
+torchtitan's ConfigManager (installed by the `runtimes` extra; these checks never skip), and for
+Megatron-LM, which ships no installable argument parser, the pinned list of its argument names
+(tests/data/megatron_arguments.txt, with the commit it was read at)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tempfile
+from pathlib import Path
+
+from planner.export import export
+
+DATA = Path(__file__).parent / "data"
+
+
+def megatron_args(text: str) -> dict[str, str | None]:
+    """--flag [value] pairs of an exported argument list."""
+    tokens = shlex.split(text)
+    args: dict[str, str | None] = {}
+    for i, token in enumerate(tokens):
+        if token.startswith("--"):
+            value = tokens[i + 1] if i + 1 < len(tokens) and not tokens[i + 1].startswith("--") else None
+            assert token not in args, f"{token} given twice"
+            args[token] = value
+    return args
+
+
+def megatron_known() -> set[str]:
+    lines = (DATA / "megatron_arguments.txt").read_text().splitlines()
+    return {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+
+
+def check_megatron(plan: dict) -> None:
+    """Every flag is one Megatron-LM defines, and the degrees are the plan's."""
+    args = megatron_args(export(plan, "megatron"))
+    unknown = set(args) - megatron_known()
+    assert not unknown, f"not in tests/data/megatron_arguments.txt: {sorted(unknown)}"
+    s = plan["strategy"]
+    assert int(args["--tensor-model-parallel-size"]) == s["tp"]
+    assert int(args["--pipeline-model-parallel-size"]) == s["pp"]
+    assert int(args["--context-parallel-size"]) == s["cp"]
+    assert int(args["--global-batch-size"]) == plan["inputs"]["training"]["global_batch"]
+
+
+def check_deepspeed(plan: dict) -> None:
+    """DeepSpeedConfig (DeepSpeed's own parser and batch assertion) reads the export."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    doc = json.loads(export(plan, "deepspeed"))
+    # without torch.distributed DeepSpeed takes one data-parallel rank: give it one rank's batch
+    one_rank = dict(doc, train_batch_size=doc["train_batch_size"] // doc["_planner"]["data_parallel_size"])
+    ds = DeepSpeedConfig(one_rank)
+    assert ds.gradient_accumulation_steps == doc["gradient_accumulation_steps"] == plan["strategy"]["num_microbatches"]
+    assert ds.zero_optimization_stage == doc["zero_optimization"]["stage"] == plan["strategy"]["zero"]
+
+
+def check_torchtitan(plan: dict) -> None:
+    """torchtitan's ConfigManager reads the TOML and the command line alike, with the plan's degrees."""
+    from torchtitan.config.manager import ConfigManager
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "job.toml"
+        path.write_text(export(plan, "torchtitan"))
+        configs = [ConfigManager().parse_args(["--job.config_file", str(path)])]
+    try:
+        cli = export(plan, "torchtitan", "cli")
+    except Exception:  # a split only the TOML can write (the exporter says so)
+        cli = None
+    if cli is not None:
+        configs.append(ConfigManager().parse_args(shlex.split(cli)))
+    s = plan["strategy"]
+    for config in configs:
+        p = config.parallelism
+        assert p.tensor_parallel_degree == s["tp"] and p.pipeline_parallel_degree == s["pp"]
+        assert p.context_parallel_degree == s["cp"]
+        assert p.data_parallel_shard_degree * p.data_parallel_replicate_degree == s["dp"]
+
+
+CHECKS = {"megatron": check_megatron, "deepspeed": check_deepspeed, "torchtitan": check_torchtitan}
