@@ -368,8 +368,11 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
         f = np.nonzero(full)[0]
         kmax = in_flight(0, pp[f], m[f], v[f])
         inv_k = inverse_in_flight_sum(0.0, 1.0, pp[f], m[f], v[f])
-        rec[f] = recompute_floor(least_state[f], ctx.col("saved_b")[c[f]], ctx.col("saving")[c[f]],
-                                 ctx.col("rec_cost_s")[c[f]], L, kmax, inv_k, cap)
+        if rules.recompute_counts == "all":  # every layer recomputes: L times the least layer's
+            rec[f] = L * ctx.col("rec_cost_s")[c[f]]
+        else:
+            rec[f] = recompute_floor(least_state[f], ctx.col("saved_b")[c[f]], ctx.col("saving")[c[f]],
+                                     ctx.col("rec_cost_s")[c[f]], L, kmax, inv_k, cap)
     sigma = ctx.col("total_s")[c] + pp * p2p * v + zfloor + rec
     bottleneck = sigma / pp
     fixed = np.broadcast_to(rules.fixed_split(pp, v), pp.shape)
