@@ -9,21 +9,25 @@ import click
 
 from planner import __version__
 from planner.errors import PlannerError
+from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
 from planner.spec.training import DEFAULT_HEADROOM
+
+
+_DEGREE = click.IntRange(1, MAX_GPUS)
 
 
 def _strategy_options(f):
     opts = [
-        click.option("--tp", type=int, help="tensor-parallel degree"),
-        click.option("--pp", type=int, help="pipeline-parallel degree"),
-        click.option("--dp", type=int, help="data-parallel degree (default: GPUs / (tp*pp*cp))"),
-        click.option("--cp", type=int, help="context-parallel degree"),
-        click.option("--ep", type=int, help="expert-parallel degree (divides dp*cp)"),
-        click.option("--vpp", type=int, help="virtual pipeline stages per rank (interleaving)"),
-        click.option("--micro-batch", type=int, help="sequences per micro-batch"),
+        click.option("--tp", type=_DEGREE, help="tensor-parallel degree"),
+        click.option("--pp", type=_DEGREE, help="pipeline-parallel degree"),
+        click.option("--dp", type=_DEGREE, help="data-parallel degree (default: GPUs / (tp*pp*cp))"),
+        click.option("--cp", type=_DEGREE, help="context-parallel degree"),
+        click.option("--ep", type=_DEGREE, help="expert-parallel degree (divides dp*cp)"),
+        click.option("--vpp", type=click.IntRange(1, MAX_LAYERS), help="virtual pipeline stages per rank (interleaving)"),
+        click.option("--micro-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), help="sequences per micro-batch"),
         click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage 0-3"),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"])),
-        click.option("--recompute-layers", type=int, help="with --recompute full: layers per stage recomputed"),
+        click.option("--recompute-layers", type=click.IntRange(0, MAX_LAYERS), help="with --recompute full: layers per stage recomputed"),
         click.option("--sequence-parallel/--no-sequence-parallel", default=None),
         click.option("--dp-overlap/--no-dp-overlap", default=None),
         click.option("--schedule", type=click.Choice(["1f1b", "interleaved-1f1b"])),
@@ -39,8 +43,8 @@ def _setup_options(f):
         click.option("--model", "-m", "model_ref", required=True, help="preset name, our YAML, or a config.json"),
         click.option("--cluster", "-c", "cluster_ref", required=True, help="preset name or cluster YAML"),
         click.option("--gpus", required=True, help="GPU count (plan: also a list 512,1024 or a range 512-4096)"),
-        click.option("--global-batch", type=int, required=True, help="sequences per step"),
-        click.option("--seq-len", type=int, help="sequence length (default: the model's)"),
+        click.option("--global-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), required=True, help="sequences per step"),
+        click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), help="sequence length (default: the model's)"),
         click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True),
         click.option("--runtime", type=click.Choice(["any", "megatron", "deepspeed", "torchtitan"]), default="any",
@@ -110,7 +114,7 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
     else:
         report.estimate_table(plan)
         if output:
-            report.err.print(f"plan written to {output}")
+            report.err.print(f"plan written to {output}", markup=False, highlight=False)
 
 
 @cli.command()
@@ -183,7 +187,7 @@ def calibrate(runs_file, cluster_name, output):
     label = Path(runs_file).name if runs_file else BUNDLED.name
     write_atomic(Path(output), with_efficiency(base, efficiency_yaml(result, label)))
     report.fit_table(result)
-    report.err.print(f"cluster preset written to {output}")
+    report.err.print(f"cluster preset written to {output}", markup=False, highlight=False)
 
 
 @cli.command()
@@ -214,7 +218,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
     cluster = load_cluster(cluster_ref)
     counts = parse_gpu_counts(gpus, cluster.gpus_per_node)
     constraints = {k: v for k, v in knobs.items() if v is not None}
-    one_count = len(counts) == 1 and "," not in gpus and "-" not in gpus
+    one_count = len(counts) == 1  # '8', '8,8' or '8-8': one plan, not a sweep of one
     if top is None:
         top = 3 if one_count else 0  # a sweep answers how many GPUs: one plan per count
     request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
@@ -243,7 +247,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
         if show_ranks:
             report.ranks_table(doc)
     if output and not as_json:
-        report.err.print(f"written to {output}")
+        report.err.print(f"written to {output}", markup=False, highlight=False)
 
 
 @cli.command()
@@ -360,7 +364,7 @@ def export_command(plan_file, runtime, fmt, output):
     if output:
         write_atomic(output, text)
         from planner.report import err
-        err.print(f"{runtime} configuration written to {output}")
+        err.print(f"{runtime} configuration written to {output}", markup=False, highlight=False)
     else:
         click.echo(text, nl=not text.endswith("\n"))
 
@@ -392,7 +396,9 @@ def main() -> None:
         from planner.report import error_line
         error_line(str(e))
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        from planner.report import error_line
+        error_line("interrupted; nothing was written")
         sys.exit(130)
     except click.ClickException as e:
         from planner.report import error_line

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -109,17 +111,56 @@ def dumps(doc: dict) -> str:
     return json.dumps(doc, sort_keys=True, indent=2) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: a failed run leaves the old file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.", suffix=".tmp")
+def write_atomic(path, text: str) -> None:
+    """Write `text` as users expect of -o: '-' is stdout; a FIFO or a character device is written
+    directly; a regular file (new, or through a symlink to it: the link stays) via a temporary
+    file in its folder renamed over it, so a failed run leaves the old file whole. A new file
+    gets the mode the umask gives (an existing one keeps its mode). A target that cannot be
+    written (no such folder, read-only, a folder) is one SpecError line."""
+    from planner.errors import SpecError
+    if str(path) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    shown = path
+    path = Path(os.path.realpath(path))
     try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise SpecError(f"{shown}: cannot write ({e.strerror})") from None
+    if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise SpecError(f"{shown}: cannot write ({e.strerror})") from None
+        return
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise SpecError(f"{shown}: is a folder, not a file")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        reason = "no such folder" if isinstance(e, FileNotFoundError) else e.strerror
+        raise SpecError(f"{shown}: cannot write ({reason})") from None
+    try:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise SpecError(f"{shown}: cannot write ({e.strerror})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 SWEEP_SCHEMA = "planner.sweep/v1"
@@ -135,14 +176,8 @@ def read_plan(path) -> dict:
     file and the key that is wrong)."""
     from planner.errors import PlanFormatError
     from planner.schema import SCHEMAS, check
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise PlanFormatError(f"{path}: no such plan file") from None
-    except IsADirectoryError:
-        raise PlanFormatError(f"{path}: is a folder, not a plan file") from None
-    except json.JSONDecodeError as e:
-        raise PlanFormatError(f"{path}: not a JSON document (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    from planner.spec.fields import parse_json, read_text
+    doc = parse_json(read_text(Path(path), PlanFormatError), path, PlanFormatError)
     if not isinstance(doc, dict):
         raise PlanFormatError(f"{path}: expected a JSON object, got {type(doc).__name__}")
     if doc.get("schema") not in SCHEMAS:

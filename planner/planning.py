@@ -215,9 +215,17 @@ def sweep(request: dict, counts: list[int], progress=None, workers: int | None =
                 progress(len(entries), len(counts), f"{len(entries)} of {len(counts)} counts")
             entries.update((e["gpus"], e) for e in _sweep_chunk(request, chunk))
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        pool = ProcessPoolExecutor(max_workers=workers)
+        try:
             for future in as_completed([pool.submit(_sweep_chunk, request, chunk) for chunk in chunks]):
                 entries.update((e["gpus"], e) for e in future.result())
                 if progress:
                     progress(len(entries), len(counts), f"{len(entries)} of {len(counts)} counts")
+        except BaseException:
+            # an interrupt (or a failure) stops the workers now rather than after their chunks
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     return [entries[n] for n in counts]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.markup import escape as esc
 from rich.table import Table
 
 # A wide console when stderr is not a terminal (CI logs, pipes), so tables are not squeezed.
@@ -20,8 +21,8 @@ def estimate_table(plan: dict) -> None:
     tr = plan["inputs"]["training"]
     title = (f"{plan['inputs']['model']['name']} on {tr['gpus']} x {plan['inputs']['cluster']['gpu']['name']} "
              f"({plan['inputs']['cluster']['name']}), global batch {tr['global_batch']}, seq {tr['seq_len']}, {tr['precision']}")
-    err.print(f"[bold]{title}[/bold]")
-    err.print(_knobs(st))
+    err.print(f"[bold]{esc(title)}[/bold]")
+    err.print(esc(_knobs(st)))
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column(justify="right")
@@ -61,11 +62,11 @@ def estimate_table(plan: dict) -> None:
     err.print(time_t)
     err.print(mem_t)
     for note in plan.get("notes", []):
-        err.print(f"[yellow]note:[/yellow] {note}")
+        err.print(f"[yellow]note:[/yellow] {esc(note)}")
 
 
 def error_line(message: str) -> None:
-    err.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    err.print(f"[red]error:[/red] {esc(message)}", soft_wrap=True)
 
 
 class progress:
@@ -146,7 +147,7 @@ def sweep_table(doc: dict) -> None:
         t.add_column(col, justify="left" if col == "strategy" else "right")
     for e in doc["plans"]:
         if "plan" not in e:
-            t.add_row(str(e["gpus"]), "-", "-", "-", "-", f"[red]{e['infeasible']}[/red]")
+            t.add_row(str(e["gpus"]), "-", "-", "-", "-", f"[red]{esc(e['infeasible'])}[/red]")
             continue
         pr = e["plan"]["prediction"]
         t.add_row(str(e["gpus"]), _fmt_s(pr["step_time_s"]), f"{pr['tokens_per_s']:,.0f}", f"{pr['mfu'] * 100:.1f} %",
@@ -157,7 +158,7 @@ def sweep_table(doc: dict) -> None:
 def ranks_table(plan: dict, groups: dict | None = None) -> None:
     from planner.plan import rank_groups_of
     groups = groups or rank_groups_of(plan)
-    t = Table(title=f"rank groups (order {plan['placement']['order']}, innermost first)", title_justify="left")
+    t = Table(title=esc(f"rank groups (order {plan['placement']['order']}, innermost first)"), title_justify="left")
     t.add_column("group")
     t.add_column("count", justify="right")
     t.add_column("tier")
@@ -179,7 +180,7 @@ def _runs_table(title: str, rows: list[dict]) -> Table:
         mem = f"{r['peak_memory_gib']:.1f} GiB" + ("" if r["fits"] else " [red]no fit[/red]")
         if "memory_error" in r:
             mem += f" ({r['memory_error'] * 100:+.1f}%)"
-        t.add_row(r["id"], str(r["gpus"]), _fmt_s(r["derived_step_time_s"]), _fmt_s(r["predicted_step_time_s"]),
+        t.add_row(esc(r["id"]), str(r["gpus"]), _fmt_s(r["derived_step_time_s"]), _fmt_s(r["predicted_step_time_s"]),
                   f"{r['error'] * 100:+.1f} %", chosen, mem)
     return t
 
@@ -196,7 +197,7 @@ def validation_table(doc: dict) -> None:
     loso = doc.get("loso", {}).get("sources", {})
     for name, v in doc["sources"].items():
         lo = loso.get(name)
-        s.add_row(name, str(v["runs"]), f"{v['mape'] * 100:.2f} %", _pct(v["bias"]), f"{v['max_abs_error'] * 100:.1f} %",
+        s.add_row(esc(name), str(v["runs"]), f"{v['mape'] * 100:.2f} %", _pct(v["bias"]), f"{v['max_abs_error'] * 100:.1f} %",
                   f"{lo['mape'] * 100:.2f} %" if lo else "-", _pct(lo["bias"]) if lo else "-")
     err.print(s)
     line = f"all runs: MAPE {doc['mape'] * 100:.2f} %, bias {_pct(doc['bias'])}, max |error| {doc['max_abs_error'] * 100:.1f} %"
@@ -213,7 +214,7 @@ def validation_table(doc: dict) -> None:
         for col in ("run", "published config", "plan", "plan strategy", "at least as fast and fits"):
             t.add_column(col, justify="left" if col in ("run", "plan strategy") else "right")
         for r in doc["plans"]["runs"]:
-            t.add_row(r["id"], _fmt_s(r["published_config_step_time_s"]),
+            t.add_row(esc(r["id"]), _fmt_s(r["published_config_step_time_s"]),
                       _fmt_s(r["plan_step_time_s"]) if r["plan_step_time_s"] else "-", r.get("plan", "-"),
                       "yes" if r["plan_not_slower"] and r["plan_fits"] else "[red]no[/red]")
         err.print(t)
@@ -224,7 +225,7 @@ def validation_table(doc: dict) -> None:
         for col in ("source or subset", "runs", "MAPE", "bias", "max |error|"):
             t.add_column(col, justify="left" if col == "source or subset" else "right")
         for name, v in (*c["sources"].items(), *c["subsets"].items()):
-            t.add_row(name, str(v["runs"]), f"{v['mape'] * 100:.2f} %", _pct(v["bias"]), f"{v['max_abs_error'] * 100:.1f} %")
+            t.add_row(esc(name), str(v["runs"]), f"{v['mape'] * 100:.2f} %", _pct(v["bias"]), f"{v['max_abs_error'] * 100:.1f} %")
         err.print(t)
         eq = c["equal_source_weight"]
         err.print(f"[bold]checks: MAPE {c['mape'] * 100:.2f} %, bias {_pct(c['bias'])} over {len(c['runs'])} runs; "
@@ -260,19 +261,19 @@ def bench_table(doc: dict) -> None:
 
 def diff_table(changes: list[dict], old_name: str, new_name: str) -> None:
     if not changes:
-        err.print(f"[green]equivalent[/green]: {old_name} and {new_name}")
+        err.print(f"[green]equivalent[/green]: {esc(old_name)} and {esc(new_name)}")
         return
-    t = Table(title=f"{old_name} -> {new_name}: {len(changes)} difference(s)", title_justify="left")
+    t = Table(title=esc(f"{old_name} -> {new_name}: {len(changes)} difference(s)"), title_justify="left")
     for col in ("key", "old", "new", "change"):
         t.add_column(col, justify="left" if col == "key" else "right")
     for c in changes:
         pct = f"{c['change_pct']:+.2f} %" if "change_pct" in c else ""
-        t.add_row(c["key"], str(c["old"]), str(c["new"]), pct)
+        t.add_row(esc(c["key"]), esc(str(c["old"])), esc(str(c["new"])), pct)
     err.print(t)
 
 
 def check_lines(result: dict, plan_name: str) -> None:
     colour = {"ok": "green", "stale": "yellow", "regressed": "red"}[result["verdict"]]
-    err.print(f"[{colour}]{result['verdict']}[/{colour}]: {plan_name}: {result['reason']}")
+    err.print(f"[{colour}]{result['verdict']}[/{colour}]: {esc(str(plan_name))}: {esc(result['reason'])}")
     if result["verdict"] != "ok":
         diff_table(result["changes"], plan_name, "re-planned")

@@ -202,7 +202,7 @@ def test_broken_plans_exit_2_naming_the_key(plan_doc, tmp_path, edit, needle):
 def test_truncated_plan_exits_2(plan_doc, tmp_path):
     path = tmp_path / "cut.json"
     path.write_text(plan_doc[1][: len(plan_doc[1]) // 2])
-    assert "not a JSON document" in one_error_line(run("check", str(path)), code=2)
+    assert "malformed JSON at line" in one_error_line(run("check", str(path)), code=2)
 
 
 def test_schema_describes_the_plan(plan_doc):

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from planner.errors import SpecError
+from planner.limits import MAX_LAYERS
 from planner.spec.fields import Fields, load_mapping
 
 FfnAct = Literal["gelu", "swiglu", "relu"]
@@ -136,7 +137,7 @@ class ModelSpec:
         source = f.str("source", "")
         if f.has("graph"):
             return _graph_model(f, name, source)
-        layers = f.int("layers")
+        layers = f.int("layers", maximum=MAX_LAYERS)
         hidden = f.int("hidden")
         heads = f.int("heads")
         spec = dict(

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from planner.errors import SpecError
+from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN, MAX_SWEEP_COUNTS
 
 Precision = Literal["bf16", "fp16", "fp8"]
 Attention = Literal["flash", "eager"]
@@ -39,10 +40,12 @@ class TrainingSetup:
     '' = the runtime's own"""
 
     def __post_init__(self) -> None:
-        for name in ("gpus", "global_batch", "seq_len"):
+        for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+            if value > most:
+                raise SpecError(f"{name.replace('_', '-')} {value:,}: at most {most:,}")
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
@@ -193,20 +196,35 @@ def check_gpu_count(gpus: int, gpus_per_node: int) -> None:
                         f"(nearest: {lower} or {lower + gpus_per_node})")
 
 
-def parse_gpu_counts(text: str, gpus_per_node: int, limit: int = 512) -> list[int]:
-    """'512', '512,1024,2048' or '512-4096' (every whole-node count in the range)."""
+def parse_gpu_counts(text: str, gpus_per_node: int, limit: int = MAX_SWEEP_COUNTS) -> list[int]:
+    """'512', '512,1024,2048' or '512-4096' (every whole-node count in the range), each at most
+    MAX_GPUS, at most `limit` of them (both checked before any list is built)."""
     try:
         if "-" in text:
             lo, hi = (int(x) for x in text.split("-", 1))
             if lo < 1 or hi < lo:
                 raise ValueError
-            counts = [n for n in range(lo, hi + 1) if n <= gpus_per_node or n % gpus_per_node == 0]
+            _check_gpus(text, hi)
+            g = gpus_per_node
+            small = max(0, min(hi, g) - lo + 1)  # counts up to one node
+            whole = max(0, hi // g - max(lo - 1, g) // g)  # multiples of a node above it
+            if small + whole > limit:
+                raise SpecError(f"--gpus {text!r} covers {small + whole:,} counts; at most {limit:,} per sweep")
+            counts = [n for n in range(lo, min(hi, g) + 1)] + [n * g for n in range(max(lo - 1, g) // g + 1, hi // g + 1)]
         else:
-            counts = sorted({int(x) for x in text.split(",")})
+            parts = text.split(",")
+            if len(parts) > limit:
+                raise SpecError(f"--gpus {text!r} lists {len(parts):,} counts; at most {limit:,} per sweep")
+            counts = sorted({int(x) for x in parts})
     except ValueError:
         raise SpecError(f"--gpus {text!r}: expected a count, a list (512,1024) or a range (512-4096)") from None
     if not counts or min(counts) < 1:
-        raise SpecError(f"--gpus {text!r}: no positive GPU count in it")
-    if len(counts) > limit:
-        raise SpecError(f"--gpus {text!r} covers {len(counts)} counts; at most {limit} per sweep")
+        raise SpecError(f"--gpus {text!r}: no positive GPU count in it" if "-" not in text else
+                        f"--gpus {text!r}: no count in it fills whole nodes of {gpus_per_node} GPUs")
+    _check_gpus(text, max(counts))
     return counts
+
+
+def _check_gpus(text: str, most: int) -> None:
+    if most > MAX_GPUS:
+        raise SpecError(f"--gpus {text!r}: at most {MAX_GPUS:,} GPUs")

@@ -1,0 +1,153 @@
+"""Issue 13: what a hostile or careless user feeds the planner gets one line and exit 2 (or the
+output they asked for), never a traceback, an internal error, a hang or a half-written file.
+Each test is the reproducer of one class the issue lists (each failed at commit 291d48b)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, one_error_line, run
+
+MODEL = (REPO / "models" / "llama3-8b.yaml").read_text()
+PLAN = ["-c", "dgx-h100", "--gpus", "8", "--global-batch", "16", "--seq-len", "2048"]
+
+
+def model_file(tmp_path: Path, text: str, name: str = "m.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text) if isinstance(text, str) else path.write_bytes(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("content", [b"\x00\x01\xff\xfe binary", "layers: 32\n".encode("utf-16")],
+                         ids=["binary", "utf-16"])
+def test_a_spec_that_is_not_utf8_is_refused(tmp_path, content):
+    path = model_file(tmp_path, content)
+    assert "not UTF-8 text" in one_error_line(run("estimate", "-m", path, *PLAN))
+
+
+@pytest.mark.parametrize("suffix,text", [(".yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n"),
+                                         (".json", '{"a": ' + "[" * 100000 + "]" * 100000 + "}")])
+def test_nesting_beyond_the_limit_is_refused(tmp_path, suffix, text):
+    path = model_file(tmp_path, text, "deep" + suffix)
+    assert "nested deeper than 64 levels" in one_error_line(run("estimate", "-m", path, *PLAN))
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    path = model_file(tmp_path, "\n".join(lines) + "\n")
+    start = time.perf_counter()
+    assert "values (aliases expanded)" in one_error_line(run("estimate", "-m", path, *PLAN))
+    assert time.perf_counter() - start < 30
+
+
+@pytest.mark.parametrize("suffix,text,needle", [
+    (".yaml", MODEL.replace("layers: 32", "layers: 32\nlayers: 2"), "duplicate key 'layers'"),
+    (".json", '{"name": "m", "layers": 32, "layers": 2}', "key 'layers' given twice"),
+])
+def test_a_key_given_twice_is_refused(tmp_path, suffix, text, needle):
+    path = model_file(tmp_path, text, "twice" + suffix)
+    assert needle in one_error_line(run("estimate", "-m", path, *PLAN))
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (("layers: 32", "layers: " + "9" * 5000), "Exceeds the limit (4300 digits)"),
+    (("layers: 32", "layers: 9223372036854775808"), "is too large"),
+    (("layers: 32", "layers: 20000"), "expected an integer <= 10,000"),
+    (("ffn_hidden: 14336", "ffn_hidden: 1.0e+308"), "expected an integer <= "),
+    (("hidden: 4096", "hidden: .nan"), "not a finite number"),
+    (("hidden: 4096", "hidden: .inf"), "not a finite number"),
+])
+def test_numbers_beyond_the_limits_are_refused(tmp_path, edit, needle):
+    path = model_file(tmp_path, MODEL.replace(*edit))
+    assert needle in one_error_line(run("estimate", "-m", path, *PLAN))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--global-batch", "100000000000000000000"], "--global-batch"),
+    (["--seq-len", "0"], "--seq-len"),
+    (["--seq-len", "2000000"], "--seq-len"),
+    (["--recompute-layers", "-1"], "--recompute-layers"),
+    (["--vpp", "0"], "--vpp"),
+    (["--tp", "0"], "--tp"),
+])
+def test_options_out_of_range_are_refused(args, needle):
+    base = ["plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "16"]
+    assert needle in one_error_line(run(*base, *args))
+
+
+def test_a_huge_gpu_range_is_refused_before_it_is_built():
+    start = time.perf_counter()
+    line = one_error_line(run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8-1000000000",
+                              "--global-batch", "16"))
+    assert "at most 1,000,000 GPUs" in line
+    assert time.perf_counter() - start < 30
+    line = one_error_line(run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8-100000",
+                              "--global-batch", "16"))
+    assert "at most 1,100 per sweep" in line
+
+
+def test_a_repeated_count_is_one_plan_not_a_sweep_of_one():
+    result = run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8,8,8", "--global-batch", "16",
+                 "--seq-len", "2048", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["schema"] == "planner.plan/v2"
+
+
+def test_rich_markup_in_names_and_paths_is_printed_as_text(tmp_path):
+    (tmp_path / "x[").mkdir()
+    path = model_file(tmp_path, MODEL.replace("name: llama3-8b", "name: x[/red]y"), "x[/red].yaml")
+    result = run("estimate", "-m", path, *PLAN)
+    assert result.returncode == 0, result.stderr
+    assert "x[/red]y on 8" in result.stderr
+    missing = one_error_line(run("estimate", "-m", str(tmp_path / "no[/bold]such.yaml"), *PLAN))
+    assert "no[/bold]such.yaml" in missing
+
+
+def test_nan_in_a_plan_file_is_refused(tmp_path):
+    doc = json.loads(run("estimate", "-m", "llama3-8b", *PLAN, "--json").stdout)
+    text = json.dumps(doc).replace(json.dumps(doc["prediction"]["step_time_s"]), "NaN", 1)
+    path = tmp_path / "nan.json"
+    path.write_text(text)
+    for command in ("check", "diff"):
+        args = [command, str(path)] + ([str(path)] if command == "diff" else [])
+        assert "NaN is not a number strict JSON allows" in one_error_line(run(*args))
+
+
+@pytest.mark.parametrize("target", ["missing/plan.json", "afile/plan.json", "readonly/plan.json"])
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path, target):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "readonly").mkdir()
+    (tmp_path / "readonly").chmod(0o500)
+    if os.geteuid() == 0 and target.startswith("readonly"):
+        pytest.skip("root writes into read-only folders")
+    try:
+        line = one_error_line(run("estimate", "-m", "llama3-8b", *PLAN, "-o", str(tmp_path / target)))
+        assert "cannot write" in line
+        assert not (tmp_path / target).exists()
+    finally:
+        (tmp_path / "readonly").chmod(0o700)
+
+
+def test_outputs_honour_the_umask_write_through_symlinks_and_dash_is_stdout(tmp_path):
+    old = os.umask(0o027)
+    try:
+        path = tmp_path / "plan.json"
+        assert run("estimate", "-m", "llama3-8b", *PLAN, "-o", str(path)).returncode == 0
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    finally:
+        os.umask(old)
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert run("estimate", "-m", "llama3-8b", *PLAN, "-o", str(link)).returncode == 0
+    assert link.is_symlink() and json.loads(target.read_text())["schema"] == "planner.plan/v2"
+    result = run("estimate", "-m", "llama3-8b", *PLAN, "-o", "-")
+    assert result.returncode == 0 and json.loads(result.stdout)["schema"] == "planner.plan/v2"
+    assert not (REPO / "-").exists()
