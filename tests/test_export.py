@@ -454,3 +454,20 @@ NANOTRON_REFUSALS = {
 def test_nanotron_refuses(plans, case):
     strategy, extra, phrase = NANOTRON_REFUSALS[case]
     assert phrase in refused(variant(plans["llama3-8b-pp2"], **extra, **strategy), "nanotron")
+
+
+def test_megatron_builds_the_model_settings_the_spec_states(plans):
+    """Llama 3's rotary base (500000, not Megatron's 10000) and norm epsilon, DeepSeek-V3's sigmoid
+    router, and the MoE dispatcher the plan was priced with (flex with DeepEP under Megatron's
+    record; the plain all-to-all when the plan names it)."""
+    args = megatron_args(export(plans["llama3-8b-vpp"], "megatron"))
+    assert args["--rotary-base"] == "500000" and float(args["--norm-epsilon"]) == 1e-5
+    deepseek = variant(plans["llama3-8b-pp2"], model="deepseek-v3", pp=1, dp=8, tp=2, ep=8)
+    deepseek["inputs"]["training"]["runtime"] = "megatron"
+    args = megatron_args(export(deepseek, "megatron"))
+    assert args["--moe-router-score-function"] == "sigmoid" and float(args["--norm-epsilon"]) == 1e-6
+    assert args["--moe-token-dispatcher-type"] == "flex" and "--moe-enable-deepep" in args
+    deepseek["inputs"]["training"]["moe_dispatcher"] = "alltoall"
+    args = megatron_args(export(deepseek, "megatron"))
+    assert args["--moe-token-dispatcher-type"] == "alltoall" and "--moe-enable-deepep" not in args
+    assert not set(args) - megatron_known()

@@ -52,10 +52,10 @@ def convert(config: dict, where: str = "config.json") -> ModelSpec:
 EXPECTED = {
     "llama3-8b.json": (32, 4096, 32, 8, 128, 14336, 128256, dict(
         ffn_act="swiglu", norm="rmsnorm", position_embedding="rope", tied_embeddings=False,
-        linear_bias=False, seq_len=8192, dropout=0.0)),
+        linear_bias=False, seq_len=8192, dropout=0.0, rope_theta=500000.0, norm_eps=1e-5)),
     "mistral-7b-v0.1.json": (32, 4096, 32, 8, 128, 14336, 32000, dict(seq_len=8192, name="mistral")),
     "mixtral-8x7b.json": (32, 4096, 32, 8, 128, 14336, 32000, dict(
-        moe=MoeSpec(experts=8, top_k=2, expert_ffn_hidden=14336, shared_ffn_hidden=14336))),
+        moe=MoeSpec(experts=8, top_k=2, expert_ffn_hidden=14336, shared_ffn_hidden=14336), rope_theta=1e6)),
     "qwen2.5-7b.json": (28, 3584, 28, 4, 128, 18944, 152064, dict(seq_len=8192, tied_embeddings=False)),
     "qwen3-8b.json": (36, 4096, 32, 8, 128, 12288, 151936, dict(seq_len=8192)),
     "qwen1.5-moe-a2.7b.json": (24, 2048, 16, 16, 128, 5632, 151936, dict(
@@ -65,10 +65,10 @@ EXPECTED = {
         moe=MoeSpec(experts=128, top_k=8, expert_ffn_hidden=768, shared_ffn_hidden=768))),
     "deepseek-v3.json": (61, 7168, 128, 128, 192, 18432, 129280, dict(
         moe=MoeSpec(experts=256, top_k=8, expert_ffn_hidden=2048, shared_experts=1,
-                    shared_ffn_hidden=2048, dense_layers=3),
+                    shared_ffn_hidden=2048, dense_layers=3, router_scoring="sigmoid"),
         mla=MlaSpec(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                     q_lora_rank=1536),
-        mtp_layers=1, seq_len=8192, tied_embeddings=False)),
+        mtp_layers=1, seq_len=8192, tied_embeddings=False, rope_theta=10000.0, norm_eps=1e-6)),
     "gpt2.json": (12, 768, 12, 12, 64, 3072, 50257, dict(
         ffn_act="gelu", norm="layernorm", position_embedding="learned", linear_bias=True,
         tied_embeddings=True, seq_len=1024, max_position=1024, dropout=0.1, name="gpt2")),
@@ -82,7 +82,7 @@ EXPECTED = {
         dropout=0.1, name="facebook/opt-1.3b")),
     "bert-large-uncased.json": (24, 1024, 16, 16, 64, 4096, 30522, dict(
         causal=False, ffn_act="gelu", norm="layernorm", position_embedding="learned",
-        tied_embeddings=True, seq_len=512, max_position=512, dropout=0.1)),
+        tied_embeddings=True, seq_len=512, max_position=512, dropout=0.1, norm_eps=1e-12, rope_theta=0.0)),
 }
 
 

@@ -60,6 +60,8 @@ class PlanView:
     schedule: str
     order: str
     stages: tuple[Stage, ...]
+    dispatcher: str = "alltoall"
+    """the MoE dispatcher the plan was priced with (TrainingSetup.dispatcher)"""
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
@@ -109,9 +111,13 @@ def read(plan: dict) -> PlanView:
              "sequence_parallel", "schedule")
     s = {key: _get(plan, f"strategy.{key}") for key in knobs}
     t = {key: _get(plan, f"inputs.training.{key}") for key in ("gpus", "global_batch", "seq_len", "precision")}
+    from planner.runtimes import RUNTIME_RULES
+    runtime = training.get("runtime", "any")
+    dispatcher = training.get("moe_dispatcher") or (RUNTIME_RULES[runtime].ep_dispatch if runtime in RUNTIME_RULES
+                                                    else "alltoall")
     return PlanView(model=model, attention=training.get("attention", "flash"),
                     dp_overlap=strategy.get("dp_overlap", True), order=_get(plan, "placement.order"),
-                    stages=tuple(stages), **t, **s)
+                    stages=tuple(stages), dispatcher=dispatcher, **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:

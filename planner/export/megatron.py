@@ -90,6 +90,14 @@ def _model(v: PlanView) -> list[Arg]:
     args += [("--seq-length", v.seq_len), ("--max-position-embeddings", max_position),
              ("--position-embedding-type", POSITION_TYPES[m.position_embedding]),
              ("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")]
+    # the model's own rotary base and norm epsilon where its spec states them (Megatron's
+    # defaults, 10000 and 1e-5, are not Llama 3's 500000)
+    if m.position_embedding == "rope" and m.rope_theta:
+        require(float(m.rope_theta).is_integer(), RUNTIME, "takes an integer --rotary-base",
+                f"rope_theta {m.rope_theta}")
+        args += [("--rotary-base", int(m.rope_theta))]
+    if m.norm_eps:
+        args += [("--norm-epsilon", m.norm_eps)]
     if m.ffn_act == "swiglu":
         args += [("--swiglu", None)]
     if not m.tied_embeddings:
@@ -108,8 +116,14 @@ def _model(v: PlanView) -> list[Arg]:
             args += [("--moe-shared-expert-intermediate-size", moe.shared_experts * moe.shared_ffn_hidden)]
         if moe.dense_layers:
             args += [("--moe-layer-freq", f"([0]*{moe.dense_layers}+[1]*{m.layers - moe.dense_layers})")]
-        # the planner prices expert dispatch as an all-to-all over the ep group
-        args += [("--moe-token-dispatcher-type", "alltoall")]
+        if moe.router_scoring != "softmax":
+            args += [("--moe-router-score-function", moe.router_scoring)]
+        # the dispatcher the plan was priced with: the plain all-to-all, or the flex dispatcher
+        # with DeepEP, which sends a token once per node and rank (cost/comm.dispatch_time_s)
+        if v.dispatcher == "dedup":
+            args += [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep", None)]
+        else:
+            args += [("--moe-token-dispatcher-type", "alltoall")]
     return args
 
 

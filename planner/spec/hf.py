@@ -73,6 +73,9 @@ KV_HEADS = ("num_key_value_heads",)
 HEAD_DIM = ("head_dim",)
 VOCAB = ("vocab_size",)
 TIED = ("tie_word_embeddings",)
+ROPE_THETA = ("rope_theta", "rotary_emb_base")
+NORM_EPS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+SCORING = ("scoring_func",)
 NAME = "_name_or_path"
 MLA_KEYS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
@@ -194,6 +197,15 @@ class _Config:
             raise self.error(f"{key}: expected {expected}, got {value!r}")
         return int(value)
 
+    def number(self, keys: tuple[str, ...]) -> float:
+        """A positive finite number under one of `keys`, or 0.0 when none is given."""
+        key, value = self._get(keys, None)
+        if key is None:
+            return 0.0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 2**53:
+            raise self.error(f"{key}: expected a positive number, got {value!r}")
+        return float(value)
+
     def bool(self, keys: tuple[str, ...], default: bool) -> bool:
         key, value = self._get(keys, default)
         if not isinstance(value, bool):
@@ -259,6 +271,14 @@ def to_spec_dict(config: dict, where: str) -> dict:
         spec["moe"] = _moe(cfg, family.moe)
     if mtp := cfg.int(family.mtp, 0, minimum=0):
         spec["mtp_layers"] = mtp
+    if family.position_embedding == "rope" and (theta := cfg.number(ROPE_THETA)):
+        spec["rope_theta"] = theta
+    if eps := cfg.number(NORM_EPS):
+        spec["norm_eps"] = eps
+    if family.moe and (scoring := cfg.find(SCORING)):
+        if scoring[1] not in ("softmax", "sigmoid"):
+            raise cfg.error(f"{scoring[0]}: router scoring {scoring[1]!r} is not supported (softmax or sigmoid)")
+        spec["moe"]["router_scoring"] = scoring[1]
     return spec
 
 

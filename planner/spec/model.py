@@ -14,6 +14,7 @@ from planner.limits import MAX_LAYERS
 from planner.spec.fields import Fields, load_mapping
 
 FfnAct = Literal["gelu", "swiglu", "relu"]
+ROUTER_SCORINGS = ("softmax", "sigmoid")
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["rope", "learned", "alibi", "none"]
 FFN_ACTS = ("gelu", "swiglu", "relu")
@@ -37,6 +38,8 @@ class MoeSpec:
     """intermediate size of one shared expert (default: expert_ffn_hidden)"""
     dense_layers: int = 0
     """leading layers that keep the dense MLP of size ffn_hidden"""
+    router_scoring: str = "softmax"
+    """how the router scores experts: softmax (Mixtral, Qwen) or sigmoid (DeepSeek-V3)"""
 
     def __post_init__(self) -> None:
         if self.top_k > self.experts:
@@ -93,6 +96,10 @@ class ModelSpec:
     mla: MlaSpec | None = None
     mtp_layers: int = 0
     """DeepSeek multi-token-prediction modules: listed, never priced unless asked for"""
+    rope_theta: float = 0.0
+    """base of the rotary position embedding (Llama 3: 500000); 0: not stated (the runtime's)"""
+    norm_eps: float = 0.0
+    """epsilon of the layer or RMS norms; 0: not stated (the runtime's)"""
     graph: tuple[GraphLayer, ...] | None = None
     source: str = ""
 
@@ -150,6 +157,8 @@ class ModelSpec:
             seq_len=f.int("seq_len", 2048), tied_embeddings=f.bool("tied_embeddings", False),
             causal=f.bool("causal", True), dropout=_dropout(f),
             mtp_layers=f.int("mtp_layers", 0, minimum=0),
+            rope_theta=f.float("rope_theta", 0.0, positive=False), norm_eps=f.float("norm_eps", 0.0, positive=False,
+                                                                                    maximum=1.0),
         )
         moe = f.sub("moe")
         if moe is not None:
@@ -158,7 +167,8 @@ class ModelSpec:
                 experts=moe.int("experts"), top_k=moe.int("top_k"), expert_ffn_hidden=experts_ffn,
                 shared_experts=moe.int("shared_experts", 0, minimum=0),
                 shared_ffn_hidden=moe.int("shared_ffn_hidden", experts_ffn),
-                dense_layers=moe.int("dense_layers", 0, minimum=0))
+                dense_layers=moe.int("dense_layers", 0, minimum=0),
+                router_scoring=moe.choice("router_scoring", ROUTER_SCORINGS, "softmax"))
             moe.reject_unknown()
         mla = f.sub("mla")
         if mla is not None:
@@ -179,6 +189,8 @@ def _graph_model(f: Fields, name: str, source: str) -> ModelSpec:
     items = f.raw("graph")
     if not isinstance(items, list) or not items:
         raise f.error("graph", "expected a non-empty list of layers")
+    if len(items) > MAX_LAYERS:
+        raise f.error("graph", f"{len(items):,} layers; at most {MAX_LAYERS:,}")
     graph = []
     for i, item in enumerate(items):
         g = Fields(item, f.where, f"graph[{i}].")
