@@ -471,3 +471,26 @@ def test_megatron_builds_the_model_settings_the_spec_states(plans):
     args = megatron_args(export(deepseek, "megatron"))
     assert args["--moe-token-dispatcher-type"] == "alltoall" and "--moe-enable-deepep" not in args
     assert not set(args) - megatron_known()
+
+
+def test_megatron_launch_script_runs_the_arguments_on_every_node(plans, tmp_path):
+    """The launch format is a bash script (bash -n reads it) that runs pretrain_gpt.py under
+    torchrun with one process per GPU on each node, the same arguments as the lines format, and
+    CUDA_DEVICE_MAX_CONNECTIONS=1 where Megatron's validate_args requires it (tp or cp > 1
+    before Blackwell); what the user supplies is named in its comments."""
+    import subprocess
+
+    plan = plans["llama3-8b-vpp"]
+    script = export(plan, "megatron", "launch")
+    path = tmp_path / "launch.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    nodes = plan["inputs"]["training"]["gpus"] // 8
+    assert f"torchrun --nproc-per-node 8 --nnodes {nodes} " in script
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in script  # tp 2 on H100
+    body = [line.strip().rstrip("\\").strip() for line in script.splitlines() if line.startswith("  --")]
+    assert body == export(plan, "megatron", "lines").splitlines()
+    for supplied in ("--data-path", "--tokenizer-type", "--train-iters", "--save"):
+        assert supplied in script.split("set -euo pipefail")[0]
+    no_tp = variant(plans["llama3-8b-pp2"], tp=1, dp=16, sequence_parallel=False)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in export(no_tp, "megatron", "launch")

@@ -91,3 +91,27 @@ def test_runnable_on_lists_exactly_the_runtimes_that_take_the_plan():
         if not listed:
             assert any("no supported runtime runs this plan" in n for n in plan["notes"])
     assert "deepspeed" in listed
+
+
+def test_the_readme_export_commands_run_and_their_runtimes_read_the_output(tmp_path):
+    """README's Export section: every line runs as written (in a scratch folder), and each
+    runtime's own reading (runtime_checks) takes the plan it exported."""
+    import re
+    import shlex
+
+    from conftest import REPO, run
+
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"## Export\n.*?```bash\n(.*?)```", text, re.S).group(1)
+    commands = [shlex.split(line.split("#")[0]) for line in block.strip().splitlines()]
+    assert [c[1] for c in commands] == ["plan", "export"] * 3
+    for command in commands:
+        assert command[0] == "planner"
+        result = run(*command[1:], cwd=tmp_path)
+        assert result.returncode == 0, (command, result.stderr)
+    import json
+    for runtime in ("megatron", "deepspeed", "torchtitan"):
+        plan = json.loads((tmp_path / f"{runtime}-plan.json").read_text())
+        assert runtime in [r["runtime"] for r in plan["runnable_on"]]
+        CHECKS[runtime](plan)
+    assert (tmp_path / "launch.sh").read_text().startswith("#!/usr/bin/env bash")

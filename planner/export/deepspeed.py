@@ -5,7 +5,7 @@ gradient_accumulation_steps * data-parallel size (DeepSpeedConfig._batch_asserti
 pipeline and expert degrees are not DeepSpeed config keys (Megatron-DeepSpeed takes them as
 --tensor-model-parallel-size / --pipeline-model-parallel-size / --sequence-parallel): they go in a
 top-level "_planner" block. DeepSpeedConfig reads only the top-level keys it knows and ignores the
-others (checked in DeepSpeed 0.16.4 and 0.18.2, deepspeed/runtime/config.py), while its sections
+others (checked in DeepSpeed 0.16.4, 0.18.2 and 0.19.0, deepspeed/runtime/config.py), while its sections
 (zero_optimization, bf16, fp16, ...) are pydantic models that reject unknown keys, so every key
 written inside a section is one DeepSpeed defines. Bucket sizes are DeepSpeed's defaults, written
 out so the file says what runs.
@@ -39,7 +39,7 @@ from planner.export.common import (
 
 RUNTIME = "DeepSpeed"
 FORMATS = ("json",)
-CHECKED_AGAINST = "DeepSpeed 0.16.4 and 0.18.2 (DeepSpeedConfig)"
+CHECKED_AGAINST = "DeepSpeed 0.16.4, 0.18.2 and 0.19.0 (DeepSpeedConfig)"
 """the runtime versions whose config class this output was checked against"""
 BUCKET_BYTES = 500_000_000
 """DeepSpeed's default reduce/allgather bucket size (elements), zero/config.py"""

@@ -2,9 +2,10 @@
 parallel layout of a plan (data, tokenizer, optimizer and checkpoint arguments are the user's).
 
 Argument names follow NVIDIA/Megatron-LM megatron/training/arguments.py (the snapshot named in
-tests/data/megatron_arguments.txt). Formats: "lines" (one argument and its value per line) and
-"shell" (one line); both shell-quoted, so either pastes into a launch script. Tensor or context
-parallelism also needs CUDA_DEVICE_MAX_CONNECTIONS=1 in the environment (Hopper and older).
+tests/data/megatron_arguments.txt). Formats: "lines" (one argument and its value per line),
+"shell" (one line), both shell-quoted, and "launch": a bash script that runs pretrain_gpt.py with
+torchrun on every node, with the environment Megatron requires (CUDA_DEVICE_MAX_CONNECTIONS=1 with
+tensor or context parallelism, Hopper and older) and what the user supplies in a comment.
 
 Refused, because Megatron-LM cannot run them as planned:
 - ZeRO 2 or 3 (the distributed optimizer shards optimizer states only: ZeRO-1);
@@ -36,7 +37,7 @@ from planner.export.common import (
 from planner.runtimes import RUNTIME_RULES
 
 RUNTIME = "Megatron-LM"
-FORMATS = ("lines", "shell")
+FORMATS = ("lines", "shell", "launch")
 CHECKED_AGAINST = "Megatron-LM 000c4ac (megatron/training/arguments.py, 2025)"
 """the runtime version whose argument parser this output was read against (tests/data/megatron_arguments.txt)"""
 POSITION_TYPES = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
@@ -49,9 +50,39 @@ Arg = tuple[str, object]
 def export(plan: dict, fmt: str = "lines") -> str:
     if fmt not in FORMATS:
         raise ExportError(f"Megatron-LM formats are {', '.join(FORMATS)}; not {fmt!r}")
-    args = arguments(read(plan))
+    v = read(plan)
+    args = arguments(v)
     lines = [shlex.join([flag] + ([] if value is None else [str(value)])) for flag, value in args]
+    if fmt == "launch":
+        return launch_script(plan, v, lines)
     return ("\n".join(lines) if fmt == "lines" else " ".join(lines)) + "\n"
+
+
+def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
+    """A bash script that launches the plan on every node with torchrun: the environment
+    Megatron-LM requires (CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1 before Blackwell: its
+    validate_args asserts it), one process per GPU, and what the user still supplies named in a
+    comment, never defaulted."""
+    cluster = plan["inputs"]["cluster"]
+    per_node = min(int(cluster["gpus_per_node"]), v.gpus)
+    nodes = v.gpus // per_node
+    family = cluster.get("gpu", {}).get("family", "")
+    out = ["#!/usr/bin/env bash",
+           f"# Megatron-LM launch of a planner plan: {v.model.name} on {v.gpus} GPUs ({nodes} node(s) of {per_node}).",
+           f"# Checked against {CHECKED_AGAINST}.",
+           "# Run it on every node with NODE_RANK (0.." + str(nodes - 1) + ") and MASTER_ADDR (node 0) set, and",
+           "# MEGATRON the Megatron-LM checkout. You supply, after the script's arguments: data",
+           "# (--data-path), tokenizer (--tokenizer-type, --tokenizer-model), steps (--train-iters), learning",
+           "# rate and schedule, checkpoints (--save, --load).",
+           "set -euo pipefail"]
+    if (v.tp > 1 or v.cp > 1) and family != "blackwell":
+        out.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # required by validate_args with tp or cp > 1 before Blackwell")
+    out.append(f'torchrun --nproc-per-node {per_node} --nnodes {nodes} --node-rank "${{NODE_RANK:-0}}" '
+               f'--master-addr "${{MASTER_ADDR:-localhost}}" --master-port "${{MASTER_PORT:-6000}}" \\')
+    out.append('  "$MEGATRON/pretrain_gpt.py" \\')
+    out.extend(f"  {line} \\" for line in lines)
+    out.append('  "$@"')
+    return "\n".join(out) + "\n"
 
 
 def arguments(v: PlanView) -> list[Arg]:
