@@ -9,6 +9,7 @@ from planner.cost.memory import capacity_bytes
 from planner.cost.step import estimate
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan
+from planner.runtimes import RUNTIME_RULES, model_refusal
 from planner.search import space
 from planner.search.driver import infeasible_message, search
 from planner.spec.efficiency import LegacyEfficiency
@@ -49,6 +50,8 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
     """The training setup of a request (the model's sequence length unless one is given), after
     checking that the GPU count fills whole nodes."""
     check_gpu_count(gpus, cluster.gpus_per_node)
+    if runtime in RUNTIME_RULES and (refused := model_refusal(runtime, model)):
+        raise SpecError(refused)
     seq = seq_len or model.seq_len
     if not model.is_graph and model.position_embedding == "learned" and seq > model.max_position:
         raise SpecError(f"--seq-len {seq}: {model.name} has a learned position table of {model.max_position} "

@@ -14,6 +14,44 @@ import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
+class ShippedModel:
+    """A model a runtime builds by name (it takes no free architecture flags): its shape."""
+
+    name: str
+    flavor: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    vocab: int
+    rope_theta: float
+    norm_eps: float
+
+    def matches(self, m) -> bool:
+        """Whether ModelSpec `m` is this model: a Llama-style decoder (SwiGLU, RMSNorm, rotary,
+        no biases, untied embeddings, dense) of exactly these sizes (rope and epsilon as stated,
+        or not stated)."""
+        return (not m.is_graph and m.moe is None and m.mla is None and m.causal and m.ffn_act == "swiglu"
+                and m.norm == "rmsnorm" and m.position_embedding == "rope" and not m.linear_bias
+                and not m.tied_embeddings and m.head_dim * m.heads == m.hidden
+                and (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab)
+                == (self.layers, self.hidden, self.heads, self.kv_heads, self.ffn_hidden, self.vocab)
+                and m.rope_theta in (0, self.rope_theta) and m.norm_eps in (0, self.norm_eps))
+
+
+TORCHTITAN_MODELS = tuple(
+    ShippedModel("llama3", flavor, layers, hidden, heads, 8, ffn, 128256, 500000.0, 1e-5)
+    for flavor, layers, hidden, heads, ffn in (("8B", 32, 4096, 32, 14336), ("70B", 80, 8192, 64, 28672),
+                                               ("405B", 126, 16384, 128, 53248)))
+"""torchtitan 0.2.2's llama3 flavors (torchtitan/models/llama3/__init__.py llama3_args: dim,
+n_layers, n_heads, n_kv_heads 8, vocab_size 128256, rope_theta 500000, norm_eps 1e-5; the FFN
+width from its FeedForward rule: multiple_of * ceil(ffn_dim_multiplier * int(8 dim / 3) /
+multiple_of), multiplier 1.3, 1.3, 1.2 and multiple_of 1024, 4096, 4096). A test compares them
+with the installed package."""
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeRules:
     """What a training runtime can execute."""
 
@@ -43,6 +81,9 @@ class RuntimeRules:
     """the mixed-precision recipes it trains with"""
     ep_precisions: tuple[str, ...] = ("bf16", "fp16", "fp8")
     """those of them it runs expert parallelism in"""
+    models: tuple[ShippedModel, ...] = ()
+    """the models it builds, where it builds them by name (torchtitan); () where launch flags
+    describe any decoder (Megatron-LM, DeepSpeed, nanotron)"""
     ep_dispatch: str = "alltoall"
     """how it moves MoE tokens to their experts: 'alltoall' (one copy per expert chosen,
     torch.distributed all_to_all) or 'dedup' (Megatron-Core's flex dispatcher with DeepEP or
@@ -79,7 +120,8 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
     "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", "all", True, True,
                                "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
-                               orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8")),
+                               orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8"),
+                               models=TORCHTITAN_MODELS),
 }
 # Runtimes that published runs ran on but that the search does not target: their space is left
 # unrestricted; what the cost model reads of them is the attention kernel.
@@ -90,6 +132,22 @@ RUNTIME_RULES["megatron@2022"] = RuntimeRules(
 for _name, _note in (("nanotron", "nanotron (flash_attn)"), ("composer", "MosaicML llm-foundry (FSDP, flash_attn)"),
                      ("other", "a runtime not described here (flash_attn assumed)")):
     RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True, _note)
+
+
+def shipped_model(runtime: str, model) -> ShippedModel | None:
+    """The runtime's own model that ModelSpec `model` is, where the runtime builds models by name."""
+    return next((m for m in RUNTIME_RULES[runtime].models if m.matches(model)), None)
+
+
+def model_refusal(runtime: str, model) -> str | None:
+    """Why `runtime` cannot build `model` (None when it can): a runtime that builds models by name
+    builds only those it ships."""
+    rules = RUNTIME_RULES[runtime]
+    if not rules.models or shipped_model(runtime, model) is not None:
+        return None
+    names = ", ".join(f"{m.name} {m.flavor}" for m in rules.models)
+    return (f"runtime {runtime} builds only the models it ships ({names}); {model.name} is none of them "
+            f"({model.layers} layers, hidden {model.hidden}, ffn {model.ffn_hidden}, vocab {model.vocab})")
 
 
 def precision_refusal(runtime: str, precision: str) -> str | None:

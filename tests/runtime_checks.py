@@ -76,6 +76,31 @@ def check_torchtitan(plan: dict) -> None:
         assert p.tensor_parallel_degree == s["tp"] and p.pipeline_parallel_degree == s["pp"]
         assert p.context_parallel_degree == s["cp"]
         assert p.data_parallel_shard_degree * p.data_parallel_replicate_degree == s["dp"]
+        assert torchtitan_model(config.model.name, config.model.flavor) == plan_model(plan)
+
+
+def torchtitan_model(name: str, flavor: str) -> dict:
+    """The shape of the model torchtitan builds for a job's [model] name and flavor, read off
+    the model its own code constructs (on the meta device: no memory)."""
+    import torch
+    from torchtitan.models.llama3 import Transformer, llama3_args
+
+    assert name == "llama3", name
+    args = llama3_args[flavor]
+    with torch.device("meta"):
+        model = Transformer(args)
+    block = model.layers["0"]
+    head_dim = block.attention.wq.weight.shape[0] // args.n_heads
+    return {"layers": len(model.layers), "hidden": model.tok_embeddings.weight.shape[1], "heads": args.n_heads,
+            "kv_heads": block.attention.wk.weight.shape[0] // head_dim,
+            "ffn_hidden": block.feed_forward.w1.weight.shape[0], "vocab": model.tok_embeddings.weight.shape[0],
+            "rope_theta": float(args.rope_theta), "norm_eps": float(model.norm.eps)}
+
+
+def plan_model(plan: dict) -> dict:
+    m = plan["inputs"]["model"]
+    return {key: m[key] for key in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")} | {
+        "rope_theta": float(m["rope_theta"]), "norm_eps": float(m["norm_eps"])}
 
 
 CHECKS = {"megatron": check_megatron, "deepspeed": check_deepspeed, "torchtitan": check_torchtitan}

@@ -24,9 +24,10 @@ from planner.errors import ExportError, PlanFormatError, PlannerError
 from planner.export import EXPORTERS, FORMATS, export
 from planner.export.torchtitan import generated_split
 from planner.planning import make_plan
+from planner.runtimes import TORCHTITAN_MODELS
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
-from runtime_checks import check_deepspeed, check_torchtitan, megatron_args, megatron_known
+from runtime_checks import check_deepspeed, check_torchtitan, megatron_args, megatron_known, torchtitan_model
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "export"
@@ -494,3 +495,16 @@ def test_megatron_launch_script_runs_the_arguments_on_every_node(plans, tmp_path
         assert supplied in script.split("set -euo pipefail")[0]
     no_tp = variant(plans["llama3-8b-pp2"], tp=1, dp=16, sequence_parallel=False)
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in export(no_tp, "megatron", "launch")
+
+
+@pytest.mark.parametrize("m", TORCHTITAN_MODELS, ids=lambda m: m.flavor)
+def test_torchtitan_flavors_are_the_models_torchtitan_builds(m):
+    """The capability record's llama3 flavors have the shapes torchtitan's own model code builds."""
+    assert torchtitan_model(m.name, m.flavor) == {
+        "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv_heads, "ffn_hidden": m.ffn_hidden,
+        "vocab": m.vocab, "rope_theta": m.rope_theta, "norm_eps": m.norm_eps}
+
+
+def test_torchtitan_refuses_a_model_it_does_not_ship(plans):
+    assert "builds only the models it ships (llama3 8B, llama3 70B, llama3 405B)" in refused(
+        variant(plans["llama3-8b-fsdp"], model="llama2-7b"), "torchtitan")

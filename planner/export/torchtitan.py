@@ -45,6 +45,7 @@ from planner.export.common import (
     require,
     single_recompute_policy,
 )
+from planner.runtimes import RUNTIME_RULES, shipped_model
 
 RUNTIME = "torchtitan"
 FORMATS = ("toml", "cli")
@@ -79,7 +80,11 @@ def job_config(v: PlanView, cli: bool = False) -> dict[str, dict]:
     check_rank_order(v, RUNTIME, ("tp-cp-ep-dp-pp",))
     recompute = single_recompute_policy(v, RUNTIME)
     shard = v.dp if v.zero == 3 else 1
-    model: dict = {}
+    shipped = shipped_model("torchtitan", v.model)
+    names = ", ".join(f"{m.name} {m.flavor}" for m in RUNTIME_RULES["torchtitan"].models)
+    require(shipped is not None, RUNTIME, f"builds only the models it ships ({names})",
+            f"{v.model.name}, none of them")
+    model: dict = {"name": shipped.name, "flavor": shipped.flavor}
     if v.precision == "fp8":
         model["converters"] = ["quantize.linear.float8"]
     training = {"local_batch_size": v.micro_batch * (v.num_microbatches if v.pp > 1 else 1),
@@ -178,11 +183,11 @@ def _toml_value(value) -> str:
 def _toml(v: PlanView, sections: dict[str, dict]) -> str:
     lines = [f"# torchtitan v0.2.x job config: {v.model.name} on {v.gpus} GPUs (written by planner export)",
              "", "[job]", f"description = {json.dumps(f'{v.model.name}: planner strategy')}"]
-    sections = {"model": {}, **sections}
+    sections = {"model": {}, **sections}  # [model] first
     for name, keys in sections.items():
         lines += ["", f"[{name}]"]
         if name == "model":
-            lines.append(f"# name and flavor: the torchtitan model that matches {v.model.name}")
+            lines.append(f"# the torchtitan model of {v.model.name}'s shape")
         for key, value in keys.items():
             if key == "module_fqns_per_model_part":
                 lines.append("# module names of torchtitan's decoder models (llama3, llama4, qwen3, deepseek_v3)")
