@@ -397,6 +397,32 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     return cand, stats
 
 
+def _range_terms(prof, rules, i, a, n, counts_width: int | None = None):
+    """(t, tail, fits) of stage i holding layers [a, a+n) (arrays of ranges), shaped (ranges, 1),
+    or (ranges, counts_width + 1) with the counts axis of _count_options: the cells of _tables."""
+    s = prof.strategy
+    cap = memory.capacity_bytes(prof.cluster, prof.setup)
+    rng = [(a, a + n)]
+    size = (len(i),)
+    if _counts_free(s, rules):
+        least, fits = _least_counts(prof, i, rng, n, cap)
+        at_least = stage_terms(prof, i, rng, least)
+        at_all = stage_terms(prof, i, rng, n)
+        times, tails = at_least["t"], at_all["tail"]
+        if counts_width is not None:
+            times, tails, fits = _count_options(prof, i, a, n, counts_width, least, at_least, fits, tails)
+            size += (counts_width + 1,)
+        else:
+            tails = _relaxed_tail(at_least, at_all, reduction_hiding(prof.cluster, i, s.dp_overlap))
+    else:
+        fixed = np.minimum(s.recompute_layers, n) if s.recompute_layers is not None else n if s.recompute == "full" else 0
+        terms = stage_terms(prof, i, rng, fixed)
+        times, tails, fits = terms["t"], terms["tail"], terms["memory"] <= cap
+    if len(size) == 1:
+        return tuple(np.broadcast_to(x, size)[..., None] for x in (times, tails, fits))
+    return tuple(np.broadcast_to(x, size) for x in (times, tails, fits))
+
+
 def _counts_free(s: Strategy, rules) -> bool:
     """Whether the search chooses how many layers each stage recomputes: under 'full' when the
     strategy fixes no count and the runtime runs some layers recomputed and others not (a runtime
@@ -451,26 +477,8 @@ def _tables(prof, rules, width: int, counts: bool = False, cutoff: float = float
         width = int(n[inside].max(initial=1))
         inside &= _reachable(i, a, n, p, L, width)
         i, a, n = i[inside], a[inside], n[inside]
-    cap = memory.capacity_bytes(prof.cluster, prof.setup)
-    rng = [(a, a + n)]
-    size = (len(i),)
-    if free_counts:
-        least, fits = _least_counts(prof, i, rng, n, cap)
-        at_least = stage_terms(prof, i, rng, least)
-        at_all = stage_terms(prof, i, rng, n)
-        times, tails = at_least["t"], at_all["tail"]
-        if counts:
-            times, tails, fits = _count_options(prof, i, a, n, width, least, at_least, fits, tails)
-            size += (width + 1,)
-        else:
-            tails = _relaxed_tail(at_least, at_all, reduction_hiding(prof.cluster, i, s.dp_overlap))
-    else:
-        fixed = np.minimum(s.recompute_layers, n) if s.recompute_layers is not None else n if s.recompute == "full" else 0
-        terms = stage_terms(prof, i, rng, fixed)
-        times, tails, fits = terms["t"], terms["tail"], terms["memory"] <= cap
-    if len(size) == 1:
-        times, tails, fits = (np.broadcast_to(x, size)[..., None] for x in (times, tails, fits))
-        size += (1,)
+    times, tails, fits = _range_terms(prof, rules, i, a, n, width if counts else None)
+    size = times.shape
     t, tail = np.full((p, L + 1, width, size[-1]), np.inf), np.full((p, L + 1, width, size[-1]), np.inf)
     ok = np.zeros(t.shape, dtype=bool)
     t[i, a, n - 1] = np.broadcast_to(times, size)
@@ -575,28 +583,33 @@ def _dp_split(prof, rules, cutoff: float = float("inf"), counts: bool = False) -
 
 def _ends_split(prof, rules, cap) -> stages.Split | None:
     """Megatron's uneven split: first and last stage free, the middle stages equal (full
-    recomputation of every layer when the mode is 'full'; the ILP then picks the count)."""
+    recomputation of every layer when the mode is 'full'; the ILP then picks the count). Prices
+    only the ranges such layouts use (_range_terms, the cells of _tables), all layouts at once."""
     s, L = prof.strategy, prof.model.layers
     p = s.pp
     width = space.stage_width(L, p)
-    t, tail, ok = (x[..., 0] for x in _tables(prof, rules, width))
+    layouts = [(first, last, (L - first - last) // (p - 2))
+               for first in range(1, min(L, width + 1)) for last in range(1, min(L - first, width + 1))
+               if L - first - last > 0 and (L - first - last) % (p - 2) == 0 and (L - first - last) // (p - 2) <= width]
+    if not layouts:
+        return None
+    f, la, k = (np.array(x) for x in zip(*layouts))
+    # the ranges of every layout: stage 0 [0, f), stage j (1..p-2) [f + (j-1) k, f + j k), the last [L - la, L)
+    j = np.arange(1, p - 1)[None, :]
+    starts = np.concatenate([np.zeros((len(f), 1), int), f[:, None] + (j - 1) * k[:, None], (L - la)[:, None]], axis=1)
+    lengths = np.concatenate([f[:, None], np.broadcast_to(k[:, None], (len(f), p - 2)), la[:, None]], axis=1)
+    stage = np.broadcast_to(np.arange(p)[None, :], starts.shape)
+    cells, index = np.unique(np.stack([stage.ravel(), starts.ravel(), lengths.ravel()]), axis=1, return_inverse=True)
+    t, tail, ok = (x[:, 0][index.ravel()].reshape(starts.shape) for x in _range_terms(prof, rules, *cells))
+    fits = ok.all(axis=1)
+    if not fits.any():
+        return None
     m = prof.microbatches
-    best = None
-    for first in range(1, min(L, width + 1)):
-        for last in range(1, min(L - first, width + 1)):
-            rest = L - first - last
-            if rest <= 0 or rest % (p - 2) or rest // (p - 2) > width:
-                continue
-            k = rest // (p - 2)
-            cuts = [0, first] + [first + k * j for j in range(1, p - 1)] + [L]
-            bounds = tuple(zip(cuts[:-1], cuts[1:]))
-            cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
-            if not all(ok[c] for c in cells):
-                continue
-            step = step_time_s([t[c] for c in cells], [tail[c] for c in cells], m, 1)
-            if best is None or step < best.step_s:
-                best = stages.Split(bounds=bounds, step_s=float(step), programmes=0, exhaustive=True)
-    return best
+    steps = [step_time_s(t[q].tolist(), tail[q].tolist(), m, 1) if fits[q] else np.inf for q in range(len(f))]
+    best = int(np.argmin(steps))  # the first of the least, in the order of first, then last
+    cuts = [0, int(f[best])] + [int(f[best]) + int(k[best]) * q for q in range(1, p - 1)] + [L]
+    return stages.Split(bounds=tuple(zip(cuts[:-1], cuts[1:])), step_s=float(steps[best]), programmes=0,
+                        exhaustive=True)
 
 
 def _recompute(prof, bounds, rules, cap, solver, time_limit_s, best_s: float) -> ilp.IlpResult | None:
