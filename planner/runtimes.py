@@ -134,6 +134,14 @@ for _name, _note in (("nanotron", "nanotron (flash_attn)"), ("composer", "Mosaic
     RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True, _note)
 
 
+def dispatcher(runtime: str, requested: str = "") -> str:
+    """The MoE dispatcher priced and exported: the one a setup names, else its runtime's
+    (a runtime no record describes: the plain all-to-all)."""
+    if requested:
+        return requested
+    return RUNTIME_RULES[runtime].ep_dispatch if runtime in RUNTIME_RULES else "alltoall"
+
+
 def shipped_model(runtime: str, model) -> ShippedModel | None:
     """The runtime's own model that ModelSpec `model` is, where the runtime builds models by name."""
     return next((m for m in RUNTIME_RULES[runtime].models if m.matches(model)), None)

@@ -111,13 +111,11 @@ def read(plan: dict) -> PlanView:
              "sequence_parallel", "schedule")
     s = {key: _get(plan, f"strategy.{key}") for key in knobs}
     t = {key: _get(plan, f"inputs.training.{key}") for key in ("gpus", "global_batch", "seq_len", "precision")}
-    from planner.runtimes import RUNTIME_RULES
-    runtime = training.get("runtime", "any")
-    dispatcher = training.get("moe_dispatcher") or (RUNTIME_RULES[runtime].ep_dispatch if runtime in RUNTIME_RULES
-                                                    else "alltoall")
+    from planner.runtimes import dispatcher
     return PlanView(model=model, attention=training.get("attention", "flash"),
                     dp_overlap=strategy.get("dp_overlap", True), order=_get(plan, "placement.order"),
-                    stages=tuple(stages), dispatcher=dispatcher, **t, **s)
+                    stages=tuple(stages),
+                    dispatcher=dispatcher(training.get("runtime", "any"), training.get("moe_dispatcher", "")), **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:

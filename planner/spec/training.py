@@ -60,9 +60,9 @@ class TrainingSetup:
 
     @property
     def dispatcher(self) -> str:
-        """the MoE dispatcher priced: the one asked for, else the runtime's"""
-        from planner.runtimes import RUNTIME_RULES
-        return self.moe_dispatcher or RUNTIME_RULES[self.runtime].ep_dispatch
+        """the MoE dispatcher priced: the one asked for, else the runtime's (runtimes.dispatcher)"""
+        from planner.runtimes import dispatcher
+        return dispatcher(self.runtime, self.moe_dispatcher)
 
     def to_dict(self) -> dict:
         out = asdict(self)
