@@ -151,3 +151,14 @@ def test_outputs_honour_the_umask_write_through_symlinks_and_dash_is_stdout(tmp_
     result = run("estimate", "-m", "llama3-8b", *PLAN, "-o", "-")
     assert result.returncode == 0 and json.loads(result.stdout)["schema"] == "planner.plan/v2"
     assert not (REPO / "-").exists()
+
+
+def test_a_plan_from_a_config_json_does_not_depend_on_the_path_it_was_read_by(tmp_path):
+    """The same config.json read by a relative and by an absolute path gives the same plan bytes."""
+    import shutil
+    shutil.copy(REPO / "tests" / "data" / "hf" / "llama3-8b.json", tmp_path / "config.json")
+    args = ["estimate", *PLAN, "--json"]
+    relative = run(args[0], "-m", "config.json", *args[1:], cwd=tmp_path)
+    absolute = run(args[0], "-m", str(tmp_path / "config.json"), *args[1:], cwd=tmp_path)
+    assert relative.returncode == absolute.returncode == 0, relative.stderr
+    assert relative.stdout == absolute.stdout

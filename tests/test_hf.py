@@ -104,7 +104,7 @@ def test_fixture_converts(name):
         assert spec.moe is None
     if "mla" not in other:
         assert spec.mla is None
-    assert spec.source == f"Hugging Face config.json ({path})"
+    assert spec.source == f"Hugging Face config.json ({name})"  # the file name, not the path it was read by
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -59,6 +59,7 @@ inference limit, not a training sequence length; the CLI's --seq-len overrides i
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from planner.errors import SpecError
@@ -237,7 +238,8 @@ def to_spec_dict(config: dict, where: str) -> dict:
     name = config.get(NAME)
     spec: dict[str, Any] = {
         "name": name if isinstance(name, str) and name else config["model_type"],
-        "source": f"Hugging Face config.json ({where})",
+        # the file's name, not its path: a plan must not depend on where the file was read from
+        "source": f"Hugging Face config.json ({Path(where).name})",
         "layers": cfg.int(LAYERS),
         "hidden": hidden,
         "heads": heads,
