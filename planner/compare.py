@@ -4,6 +4,8 @@ the search's counts do not count."""
 
 from __future__ import annotations
 
+import math
+
 REL_TOL = 1e-6
 COMPARED = ("strategy", "stages", "placement", "prediction")
 
@@ -28,8 +30,9 @@ def _walk(old, new, path: str, out: list, numeric: bool) -> None:
         scale = max(abs(old), abs(new))
         if scale and abs(new - old) / scale > REL_TOL:
             change = {"key": path, "old": old, "new": new}
-            if old:
-                change["change_pct"] = (new - old) / abs(old) * 100
+            pct = (new - old) / abs(old) * 100 if old else math.inf
+            if math.isfinite(pct):  # a change from (nearly) zero has no finite percentage
+                change["change_pct"] = pct
             out.append(change)
         return
     if old != new:

@@ -180,14 +180,31 @@ def read_plan(path) -> dict:
     doc = parse_json(read_text(Path(path), PlanFormatError), path, PlanFormatError)
     if not isinstance(doc, dict):
         raise PlanFormatError(f"{path}: expected a JSON object, got {type(doc).__name__}")
-    if doc.get("schema") not in SCHEMAS:
+    if not isinstance(doc.get("schema"), str) or doc["schema"] not in SCHEMAS:
         raise PlanFormatError(f"{path}: schema {doc.get('schema')!r} is not a plan schema this planner reads "
                               f"({', '.join(SCHEMAS)})")
     try:
         check(doc, SCHEMAS[doc["schema"]])
     except PlanFormatError as e:
         raise PlanFormatError(f"{path}: {e}") from None
+    _check_degrees(doc, path)
     return doc
+
+
+def _check_degrees(doc: dict, path) -> None:
+    """A plan's degrees fill its GPUs (dp*tp*pp*cp = gpus, at most limits.MAX_GPUS) and its
+    expert-parallel size divides dp*cp: an edited plan that breaks them is refused by every reader
+    (ranks would otherwise list groups of GPUs the plan does not have)."""
+    from planner.errors import PlanFormatError
+    from planner.limits import MAX_GPUS
+    s, gpus = doc["strategy"], doc["inputs"]["training"]["gpus"]
+    if gpus > MAX_GPUS:
+        raise PlanFormatError(f"{path}: inputs.training.gpus {gpus:,}: at most {MAX_GPUS:,}")
+    product = s["dp"] * s["tp"] * s["pp"] * s["cp"]
+    if product != gpus:
+        raise PlanFormatError(f"{path}: strategy dp*tp*pp*cp = {product:,} does not fill the plan's {gpus:,} GPUs")
+    if (s["dp"] * s["cp"]) % s["ep"]:
+        raise PlanFormatError(f"{path}: strategy ep {s['ep']} does not divide dp*cp = {s['dp'] * s['cp']}")
 
 
 def old_schema_note(doc: dict, path) -> str | None:

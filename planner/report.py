@@ -66,7 +66,10 @@ def estimate_table(plan: dict) -> None:
 
 
 def error_line(message: str) -> None:
-    err.print(f"[red]error:[/red] {esc(message)}", soft_wrap=True)
+    """One line on stderr: characters that would break or colour it (line breaks, controls, rich
+    markup) are printed as their escapes."""
+    text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in message)
+    err.print(f"[red]error:[/red] {esc(text)}", soft_wrap=True)
 
 
 class progress:

@@ -162,3 +162,54 @@ def test_a_plan_from_a_config_json_does_not_depend_on_the_path_it_was_read_by(tm
     absolute = run(args[0], "-m", str(tmp_path / "config.json"), *args[1:], cwd=tmp_path)
     assert relative.returncode == absolute.returncode == 0, relative.stderr
     assert relative.stdout == absolute.stdout
+
+
+def test_an_error_naming_a_line_break_character_stays_one_line(tmp_path):
+    """Found by the fuzz suite: a model name holding U+0085 (NEL) split the error in two."""
+    text = (REPO / "models" / "bert-large.yaml").read_text().replace("name: bert-large", 'name: "a\\x85b"')
+    path = model_file(tmp_path, text)
+    line = one_error_line(run("estimate", "-m", path, "-c", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                              "--seq-len", "1024"))
+    assert "a\\x85b" in line
+
+
+@pytest.mark.parametrize("schema", [[], {}, 3, None])
+def test_a_plan_whose_schema_is_not_a_string_is_refused(tmp_path, schema):
+    """Found by the fuzz suite: a list as the schema raised TypeError (exit 70)."""
+    doc = json.loads(run("estimate", "-m", "llama3-8b", *PLAN, "--json").stdout)
+    doc["schema"] = schema
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    for args in (["check", str(path)], ["export", str(path), "--to", "megatron"], ["ranks", str(path)]):
+        assert "schema" in one_error_line(run(*args))
+
+
+@pytest.mark.parametrize("edit,needle", [
+    ({"dp": 10**9}, "does not fill the plan's 8 GPUs"),
+    ({"dp": 16}, "does not fill the plan's 8 GPUs"),
+    ({"ep": 3}, "does not divide dp*cp"),
+])
+def test_a_plan_edited_to_degrees_it_cannot_have_is_refused_at_once(tmp_path, edit, needle):
+    """ranks of a plan with dp 10^9 ran out of memory; degrees multiplying to 16 on 8 GPUs were
+    listed (issue 13). Every reader refuses them."""
+    doc = json.loads(run("estimate", "-m", "llama3-8b", *PLAN, "--json").stdout)
+    doc["strategy"].update(edit)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    start = time.perf_counter()
+    for command in ("ranks", "check", "diff"):
+        args = [command, str(path)] + ([str(path)] if command == "diff" else [])
+        assert needle in one_error_line(run(*args))
+    assert time.perf_counter() - start < 30
+
+
+def test_a_change_from_almost_zero_has_no_infinite_percentage(tmp_path):
+    """Found by the fuzz suite: diff printed change_pct Infinity (not strict JSON) for a band
+    edge edited to 2e-313."""
+    doc = json.loads(run("estimate", "-m", "llama3-8b", *PLAN, "--json").stdout)
+    doc["prediction"]["band"]["high_error"] = 2.2250738585e-313
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    result = run("check", str(path), "--json")
+    assert result.returncode in (0, 1) and "Infinity" not in result.stdout
+    json.loads(result.stdout)

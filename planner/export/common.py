@@ -95,7 +95,7 @@ def _get(doc: dict, path: str):
 
 def read(plan: dict) -> PlanView:
     """The plan's model, training setup, strategy and stages (PlanFormatError naming a missing key)."""
-    if not isinstance(plan, dict) or plan.get("schema") not in SCHEMAS:
+    if not isinstance(plan, dict) or not isinstance(plan.get("schema"), str) or plan["schema"] not in SCHEMAS:
         found = plan.get("schema") if isinstance(plan, dict) else type(plan).__name__
         raise PlanFormatError(f"schema {found!r} is not one of {', '.join(SCHEMAS)}")
     model = ModelSpec.from_dict(_get(plan, "inputs.model"), "plan inputs.model")
