@@ -84,10 +84,10 @@ class RuntimeRules:
     models: tuple[ShippedModel, ...] = ()
     """the models it builds, where it builds them by name (torchtitan); () where launch flags
     describe any decoder (Megatron-LM, DeepSpeed, nanotron)"""
-    ep_dispatch: str = "alltoall"
-    """how it moves MoE tokens to their experts: 'alltoall' (one copy per expert chosen,
-    torch.distributed all_to_all) or 'dedup' (Megatron-Core's flex dispatcher with DeepEP or
-    HybridEP: one copy per destination node and rank, cost/comm.dispatch_time_s)"""
+    ep_dispatchers: tuple[str, ...] = ("alltoall",)
+    """how it can move MoE tokens to their experts, its default first: 'alltoall' (one copy per
+    expert chosen, torch.distributed all_to_all) or 'dedup' (Megatron-Core's flex dispatcher with
+    DeepEP or HybridEP: one copy per destination node and rank, cost/comm.dispatch_time_s)"""
     attention: tuple[str, ...] = ("fa2",)
     """flash attention kernels it runs, preferred first (spec/measured.KERNELS): the cost model
     prices the first one the GPU has a measured table of (cost/compute.attention_time_s)"""
@@ -105,11 +105,11 @@ class RuntimeRules:
 
 RUNTIME_RULES: dict[str, RuntimeRules] = {
     "any": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True,
-                        "no runtime restriction", tp_overlap=True, ep_dispatch="dedup", attention=("cudnn", "fa2")),
+                        "no runtime restriction", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2")),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
-                             tp_overlap=True, ep_dispatch="dedup", attention=("cudnn", "fa2"),
+                             tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                              # validate_args: "Expert parallelism is not supported with fp16 training."
                              ep_precisions=("bf16", "fp8")),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
@@ -135,11 +135,25 @@ for _name, _note in (("nanotron", "nanotron (flash_attn)"), ("composer", "Mosaic
 
 
 def dispatcher(runtime: str, requested: str = "") -> str:
-    """The MoE dispatcher priced and exported: the one a setup names, else its runtime's
+    """The MoE dispatcher priced and exported: the one a setup names, else its runtime's default
     (a runtime no record describes: the plain all-to-all)."""
     if requested:
         return requested
-    return RUNTIME_RULES[runtime].ep_dispatch if runtime in RUNTIME_RULES else "alltoall"
+    return RUNTIME_RULES[runtime].ep_dispatchers[0] if runtime in RUNTIME_RULES else "alltoall"
+
+
+def dispatcher_refusal(runtime: str, requested: str) -> str | None:
+    """Why `runtime` cannot move tokens with the dispatcher a setup names (None when it can): a
+    dispatcher the runtime lacks is a freedom no run has."""
+    runs = RUNTIME_RULES[runtime].ep_dispatchers
+    if not requested or requested in runs:
+        return None
+    return f"runtime {runtime} has no {requested} MoE dispatcher (it runs {', '.join(runs)})"
+
+
+def shipped_names(runtime: str) -> str:
+    """'llama3 8B, llama3 70B, ...': the models a runtime that builds them by name ships."""
+    return ", ".join(f"{m.name} {m.flavor}" for m in RUNTIME_RULES[runtime].models)
 
 
 def shipped_model(runtime: str, model) -> ShippedModel | None:
@@ -153,8 +167,7 @@ def model_refusal(runtime: str, model) -> str | None:
     rules = RUNTIME_RULES[runtime]
     if not rules.models or shipped_model(runtime, model) is not None:
         return None
-    names = ", ".join(f"{m.name} {m.flavor}" for m in rules.models)
-    return (f"runtime {runtime} builds only the models it ships ({names}); {model.name} is none of them "
+    return (f"runtime {runtime} builds only the models it ships ({shipped_names(runtime)}); {model.name} is none of them "
             f"({model.layers} layers, hidden {model.hidden}, ffn {model.ffn_hidden}, vocab {model.vocab})")
 
 

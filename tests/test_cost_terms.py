@@ -437,3 +437,13 @@ def test_an_unknown_dispatcher_is_refused():
     from planner.errors import SpecError
     with pytest.raises(SpecError, match="moe-dispatcher must be one of alltoall, dedup"):
         TrainingSetup(gpus=8, global_batch=8, seq_len=128, moe_dispatcher="deepep")
+
+
+@pytest.mark.parametrize("runtime", ["deepspeed", "torchtitan"])
+def test_a_dispatcher_the_runtime_lacks_is_refused(runtime):
+    """The cheaper deduplicating dispatch is a freedom only the runtimes that have it may price."""
+    from planner.errors import SpecError
+    with pytest.raises(SpecError, match=f"runtime {runtime} has no dedup MoE dispatcher"):
+        TrainingSetup(gpus=8, global_batch=8, seq_len=128, runtime=runtime, moe_dispatcher="dedup")
+    assert TrainingSetup(gpus=8, global_batch=8, seq_len=128, runtime=runtime).dispatcher == "alltoall"
+    assert TrainingSetup(gpus=8, global_batch=8, seq_len=128, runtime="megatron", moe_dispatcher="alltoall")

@@ -45,7 +45,7 @@ from planner.export.common import (
     require,
     single_recompute_policy,
 )
-from planner.runtimes import RUNTIME_RULES, shipped_model
+from planner.runtimes import shipped_model, shipped_names
 
 RUNTIME = "torchtitan"
 FORMATS = ("toml", "cli")
@@ -81,8 +81,7 @@ def job_config(v: PlanView, cli: bool = False) -> dict[str, dict]:
     recompute = single_recompute_policy(v, RUNTIME)
     shard = v.dp if v.zero == 3 else 1
     shipped = shipped_model("torchtitan", v.model)
-    names = ", ".join(f"{m.name} {m.flavor}" for m in RUNTIME_RULES["torchtitan"].models)
-    require(shipped is not None, RUNTIME, f"builds only the models it ships ({names})",
+    require(shipped is not None, RUNTIME, f"builds only the models it ships ({shipped_names('torchtitan')})",
             f"{v.model.name}, none of them")
     model: dict = {"name": shipped.name, "flavor": shipped.flavor}
     if v.precision == "fp8":

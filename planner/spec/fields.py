@@ -86,7 +86,7 @@ def parse_json(text: str, where, error=SpecError):
 
 def check_shape(data, where, error=SpecError) -> None:
     """Nesting of at most MAX_DEPTH levels and MAX_NODES values (shared YAML aliases counted each
-    time they are reached), finite numbers, integers below 10**18: what every reader accepts."""
+    time they are reached), finite numbers, integers below limits.MAX_INT: what every reader accepts."""
     stack, nodes = [(data, 1)], 0
     while stack:
         value, depth = stack.pop()
@@ -101,7 +101,7 @@ def check_shape(data, where, error=SpecError) -> None:
             stack.extend((v, depth + 1) for v in value)
         elif isinstance(value, float) and not math.isfinite(value):
             raise error(f"{where}: {value} is not a finite number")
-        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**18:
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
             raise error(f"{where}: the integer {str(value)[:20]}{'...' if len(str(value)) > 20 else ''} is too large")
 
 

@@ -14,7 +14,6 @@ Recompute = Literal["none", "selective", "full"]
 Schedule = Literal["1f1b", "interleaved-1f1b"]
 RECOMPUTES = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved-1f1b")
-RUNTIMES = ("any", "megatron", "deepspeed", "torchtitan")
 MOE_DISPATCHERS = ("alltoall", "dedup")
 DEFAULT_HEADROOM = 0.05
 """share of each GPU's capacity `plan` keeps free by default (--memory-headroom): room for what
@@ -36,7 +35,7 @@ class TrainingSetup:
     memory_headroom: float = 0.0
     """share of each GPU's capacity kept free (cost/memory.capacity_bytes)"""
     moe_dispatcher: str = ""
-    """how MoE tokens reach their experts: 'alltoall' or 'dedup' (runtimes.RuntimeRules.ep_dispatch);
+    """how MoE tokens reach their experts: 'alltoall' or 'dedup' (runtimes.RuntimeRules.ep_dispatchers);
     '' = the runtime's own"""
 
     def __post_init__(self) -> None:
@@ -49,14 +48,15 @@ class TrainingSetup:
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
-        from planner.runtimes import RUNTIME_RULES, precision_refusal
+        from planner.runtimes import RUNTIME_RULES, dispatcher_refusal, precision_refusal
         if self.runtime not in RUNTIME_RULES:
             raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
-        refused = precision_refusal(self.runtime, self.precision)
-        if refused:
-            raise SpecError(refused)
         if self.moe_dispatcher not in ("", *MOE_DISPATCHERS):
             raise SpecError(f"moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
+        refused = precision_refusal(self.runtime, self.precision) or dispatcher_refusal(self.runtime,
+                                                                                         self.moe_dispatcher)
+        if refused:
+            raise SpecError(refused)
 
     @property
     def dispatcher(self) -> str:
