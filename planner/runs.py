@@ -2,8 +2,9 @@
 
 A run states a model, a cluster, a training setup, the strategy its source gives, the knobs the
 source leaves open (`unknown`), and a step time derived from what was measured. Pricing a run
-takes the fastest value of the unknown knobs that fits in memory (a small enumeration); a knob
-absent from the row and not listed as unknown takes the planner's default.
+takes the fastest value of the unknown knobs that fits in memory (a small enumeration; where none
+fits, the one that overflows least: price_run); a knob absent from the row and not listed as
+unknown takes the planner's default.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from planner.spec.training import (
     TrainingSetup,
     resolve_strategy,
 )
+from planner.units import GIB
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "calibration_runs.yaml"
 CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
@@ -110,25 +112,35 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _vpp_domain(run: Run, pp: int) -> list[int]:
+    """The interleavings a run could have used: those its runtime runs (runtimes.py: equal virtual
+    chunks where it needs them), only interleaved ones (vpp > 1) where the source states an
+    interleaved schedule, only vpp 1 where it states another."""
+    if pp == 1:
+        return [1]
+    even = RUNTIME_RULES[run.runtime].even_chunks
+    stated = run.strategy.get("schedule")
+    return [v for v in range(1, MAX_VPP + 1) if pp * v <= run.model.layers
+            and not (even and run.model.layers % (pp * v))
+            and (stated is None or (v > 1) == (stated == "interleaved-1f1b"))]
+
+
 def candidates(run: Run) -> list[Strategy]:
     """Every legal strategy that fills the run's unknown knobs (the stated ones kept)."""
     st, setup = run.strategy, run.setup
     dp = st.get("dp") or setup.gpus // (st.get("tp", 1) * st.get("pp", 1) * st.get("cp", 1))
     pp = st.get("pp", 1)
-    even = RUNTIME_RULES[run.runtime].even_chunks  # Megatron interleaves equal chunks only
     domains = {
         "micro_batch": _divisors(setup.global_batch // dp) if setup.global_batch % dp == 0 else [1],
         "recompute": ["none", "selective", "full"],
-        # the interleaving the run's runtime could run (its record: runtimes.py)
-        "vpp": [v for v in range(1, MAX_VPP + 1) if pp * v <= run.model.layers
-                and not (even and run.model.layers % (pp * v))] if pp > 1 else [1],
+        "vpp": _vpp_domain(run, pp),
         "zero": [0, 1, 2, 3],
         "sequence_parallel": [False, True] if st.get("tp", 1) > 1 else [False],
     }
     out = []
     for values in itertools.product(*(domains[k] for k in run.unknown)):
         knobs = dict(st, **dict(zip(run.unknown, values)))
-        if "vpp" in run.unknown:
+        if "vpp" in run.unknown and "schedule" not in st:
             knobs["schedule"] = "interleaved-1f1b" if knobs["vpp"] > 1 else "1f1b"
         # an unstated recomputation may be Megatron's --recompute-num-layers: full recompute of
         # some of each stage's layers, where the run's runtime recomputes some layers and not others
@@ -164,7 +176,9 @@ class Priced:
 
 
 def price_run(run: Run, efficiency: Efficiency | None = None, strategy: Strategy | None = None) -> Priced:
-    """Price a run: its own strategy if fully stated, else the fastest fitting unknown-knob fill."""
+    """Price a run: its own strategy if fully stated, else the fastest fitting unknown-knob fill.
+    Where no fill fits, the memory model overcounts this run (it ran): the fill it overcounts
+    least (peak to 0.1 GiB), the fastest of those, is the one taken."""
     cluster = replace(run.cluster, efficiency=efficiency) if efficiency is not None else run.cluster
     options = [strategy] if strategy is not None else candidates(run)
     best = None
@@ -173,7 +187,7 @@ def price_run(run: Run, efficiency: Efficiency | None = None, strategy: Strategy
             est = estimate(run.model, cluster, run.setup, s)
         except PlannerError:
             continue
-        key = (not est.fits, est.step_time_s)
+        key = (not est.fits, 0 if est.fits else round(est.peak_memory_bytes / GIB, 1), est.step_time_s)
         if best is None or key < best[0]:
             best = (key, s, est)
     if best is None:

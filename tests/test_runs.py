@@ -4,6 +4,7 @@ out-of-sample checks."""
 import pytest
 import yaml
 
+from planner.errors import PlannerError
 from planner.runs import BUNDLED, CHECKS, RUN_RUNTIMES, load_runs
 
 
@@ -104,3 +105,43 @@ def test_no_fitted_efficiency_ends_at_its_bound():
     assert set(doc["efficiencies"]) == {"dgx-a100-80g", "dgx-h100"}
     for name, e in doc["efficiencies"].items():
         assert e["fitted"] and e["at_bound"] == [], name
+
+
+def _one_run(tmp_path, strategy: dict, unknown: list, hidden: int = 2048):
+    row = {"id": "r", "source": "test", "runtime": "other", "cluster": "dgx-h100", "gpus": 16, "global_batch": 64,
+           "model": {"layers": 16, "hidden": hidden, "heads": 16, "ffn_hidden": 4 * hidden, "vocab": 32000,
+                     "seq_len": 2048},
+           "strategy": strategy, "unknown": unknown, "step_time_s": 1.0}
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([row]))
+    return load_runs(path)[0]
+
+
+@pytest.mark.parametrize("schedule, vpps", [(None, {1, 2, 4}), ("interleaved-1f1b", {2, 4}), ("1f1b", {1})])
+def test_a_stated_schedule_bounds_the_interleavings_enumerated(tmp_path, schedule, vpps):
+    from planner.runs import candidates
+    stated = {"tp": 2, "pp": 4, "dp": 2, "micro_batch": 1} | ({"schedule": schedule} if schedule else {})
+    run = _one_run(tmp_path, stated, ["vpp"])
+    found = {s.vpp for s in candidates(run)}
+    # 16 layers over 4 stages: chunks of 4, 2 or 1 layers (vpp 1, 2, 4); vpp 3 splits unevenly
+    assert found & {1, 2, 4} == vpps
+    assert all((s.schedule == "interleaved-1f1b") == (s.vpp > 1) for s in candidates(run))
+
+
+def test_a_run_no_fill_fits_is_priced_at_the_fill_that_overflows_least(tmp_path):
+    from planner.cost.step import estimate
+    from planner.runs import candidates, price_run
+    run = _one_run(tmp_path, {"tp": 2, "pp": 4, "dp": 2}, ["micro_batch", "vpp"], hidden=16384)
+    peaks = {}
+    for s in candidates(run):
+        try:
+            peaks[s] = estimate(run.model, run.cluster, run.setup, s)
+        except PlannerError:  # a fill the schedule cannot run (price_run skips it too)
+            continue
+    assert len(peaks) > 1
+    assert not any(e.fits for e in peaks.values())
+    priced = price_run(run)
+    least = min(round(e.peak_memory_bytes / 2**30, 1) for e in peaks.values())
+    assert round(priced.estimate.peak_memory_bytes / 2**30, 1) == least
+    assert priced.estimate.step_time_s == min(e.step_time_s for e in peaks.values()
+                                              if round(e.peak_memory_bytes / 2**30, 1) == least)
