@@ -91,6 +91,22 @@ class RuntimeRules:
     attention: tuple[str, ...] = ("fa2",)
     """flash attention kernels it runs, preferred first (spec/measured.KERNELS): the cost model
     prices the first one the GPU has a measured table of (cost/compute.attention_time_s)"""
+    pp_defers_sharding: bool = False
+    """under pipeline stages its ZeRO-2/3 (FSDP2) keeps the weights gathered and the gradients
+    unsharded across a step's micro-batches and reduce-scatters once, after the last backward:
+    torch.distributed.pipelining (stage.py backward_maybe_with_nosync turns off gradient sync and
+    reshard-after-backward until perform_reduce_grad), and torchtitan's fsdp_reshard_after_forward
+    'default' (reshard_after_forward = not pp_enabled). That is the traffic and memory of ZeRO-1
+    (priced_zero)."""
+
+    def priced_zero(self, zero, pp):
+        """The ZeRO stage whose traffic and memory a plan's `zero` has under this runtime with
+        `pp` stages (pp_defers_sharding); elementwise over arrays."""
+        if not self.pp_defers_sharding:
+            return zero
+        if np.ndim(zero) or np.ndim(pp):
+            return np.where(np.greater(pp, 1) & np.greater_equal(zero, 2), 1, zero)
+        return 1 if pp > 1 and zero >= 2 else zero
 
     def fixed_split(self, pp, vpp):
         """Whether the even split is the only split: one stage, interleaving (equal virtual
@@ -121,7 +137,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
                                orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8"),
-                               models=TORCHTITAN_MODELS),
+                               models=TORCHTITAN_MODELS, pp_defers_sharding=True),
 }
 # Runtimes that published runs ran on but that the search does not target: their space is left
 # unrestricted; what the cost model reads of them is the attention kernel.

@@ -447,3 +447,24 @@ def test_a_dispatcher_the_runtime_lacks_is_refused(runtime):
         TrainingSetup(gpus=8, global_batch=8, seq_len=128, runtime=runtime, moe_dispatcher="dedup")
     assert TrainingSetup(gpus=8, global_batch=8, seq_len=128, runtime=runtime).dispatcher == "alltoall"
     assert TrainingSetup(gpus=8, global_batch=8, seq_len=128, runtime="megatron", moe_dispatcher="alltoall")
+
+
+@pytest.mark.parametrize("runtime", ["torchtitan", "any"])
+def test_fsdp_under_pipeline_stages_is_priced_as_the_runtime_runs_it(runtime):
+    """torchtitan (torch.distributed.pipelining) defers FSDP's gradient sync and resharding to
+    the step's last backward under pp > 1: ZeRO-3 there costs what ZeRO-1 does, in time and
+    memory. Without pipeline stages, or on a runtime without that rule, ZeRO-3 stays ZeRO-3."""
+    from planner.runtimes import RUNTIME_RULES
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    setup = TrainingSetup(gpus=16, global_batch=64, seq_len=4096, runtime=runtime)
+
+    def priced(pp, zero):
+        s = resolve_strategy({"dp": 16 // pp, "tp": 1, "pp": pp, "zero": zero, "micro_batch": 1}, setup)
+        est = estimate(model, cluster, setup, s)
+        return est.step_time_s, est.memory.total
+
+    defers = RUNTIME_RULES[runtime].pp_defers_sharding
+    assert defers == (runtime == "torchtitan")
+    assert (priced(2, 3) == priced(2, 1)) == defers
+    assert priced(1, 3) != priced(1, 1)
+    assert priced(1, 3)[1] < priced(1, 1)[1]  # sharded weights and gradients without stages

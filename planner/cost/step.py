@@ -27,7 +27,7 @@ from planner.graph import (
     layer_work,
 )
 from planner.placement import GROUPS, Span, group_spans, tiers
-from planner.runtimes import attention_kernel, tp_overlap
+from planner.runtimes import RUNTIME_RULES, attention_kernel, tp_overlap
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
@@ -219,6 +219,9 @@ class Profile:
     """extra bytes while a fully recomputed layer is rebuilt (the model's largest such layer)"""
     prefetch_bytes: float
     spans: dict = field(hash=False)
+    zero: int
+    """the ZeRO stage whose traffic and memory the strategy's has on its runtime
+    (runtimes.RuntimeRules.priced_zero)"""
 
 
 _PREFIX_KEYS = ("comp", "fwd", "bwd", "tp", "cp", "ep", "params", "expert", "gemm_w")
@@ -236,7 +239,8 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
     return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
                    microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision),
                    prefix=tables.prefix, ends=ends, p2p_s=p2p, transient_bytes=tables.transient_bytes,
-                   prefetch_bytes=tables.prefetch_bytes, spans=spans)
+                   prefetch_bytes=tables.prefetch_bytes, spans=spans,
+                   zero=RUNTIME_RULES[setup.runtime].priced_zero(s.zero, s.pp))
 
 
 def state_shards(dp: int, cp: int, ep: int) -> tuple[int, int]:
@@ -252,7 +256,7 @@ def pricing_key(prof: Profile) -> tuple:
     a key when their layer prices come out equal, e.g. cp and micro-batch scaled together with
     dp*cp fixed (tests/test_search.py shows such ties)."""
     s = prof.strategy
-    return (s.pp, s.vpp, s.tp, s.zero, s.dp_overlap, *state_shards(s.dp, s.cp, s.ep), s.recompute,
+    return (s.pp, s.vpp, s.tp, prof.zero, s.dp_overlap, *state_shards(s.dp, s.cp, s.ep), s.recompute,
             s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.p2p_s, prof.transient_bytes,
             prof.prefetch_bytes, prof.spans["dpcp"], prof.spans["edp"], tuple(sorted(prof.ends.items())),
             tuple(prof.prefix[k].tobytes() for k in sorted(prof.prefix)))
@@ -403,13 +407,13 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
         return comm.collective_time_s(kind, n_bytes, prof.spans[group], cluster)
 
     z = 0.0
-    if s.zero >= 2:
-        per_mb = zero_traffic_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"])
+    if prof.zero >= 2:
+        per_mb = zero_traffic_s(coll, prof.zero, prof.grad_bytes, dense, sums["expert"])
         z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
     t = before_zero + z
     shards, eshards = state_shards(s.dp, s.cp, s.ep)
     # recomputation runs inside backward and hides traffic too
-    exposed, opt = stage_tail_s(coll, s.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
+    exposed, opt = stage_tail_s(coll, prof.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
                                 sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster)
 
     if paper_accounting:
@@ -495,7 +499,7 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
     """stage_memory of stage i: its micro-batches in flight, and the rebuild buffer when it
     recomputes a layer fully."""
     s = prof.strategy
-    return stage_memory(s.zero, dense, sums["expert"], *state_shards(s.dp, s.cp, s.ep),
+    return stage_memory(prof.zero, dense, sums["expert"], *state_shards(s.dp, s.cp, s.ep),
                         pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
                         prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes)
 

@@ -331,11 +331,12 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     z, v = np.array(ZEROS)[zi], np.array(vpp_domain, dtype=float)[vi]
     count, c, lay, pp, shards, eshards, m, p2p, full, mem = (x[row] for x in (count, c, lay, pp, shards, eshards, m,
                                                                               p2p, full, mem))
+    zp = rules.priced_zero(z, pp)  # the stage priced; z is the plan's (RuntimeRules.pp_defers_sharding)
 
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
     # L / sum_i 1 / (state + k_i * saved) (per-layer minima of the model)
-    per_dense, per_expert = sum(memory.state_bytes(1.0, z, shards)), sum(memory.state_bytes(1.0, z, eshards))
+    per_dense, per_expert = sum(memory.state_bytes(1.0, zp, shards)), sum(memory.state_bytes(1.0, zp, eshards))
     width = max(len(kinds) for _, kinds in layers)
     kinds = np.array([list(k) + [k[0]] * (width - len(k)) for _, k in layers])
     least_state = np.min(layer_state_bytes(per_dense[:, None], per_expert[:, None], kinds[mem, :, 0],
@@ -348,8 +349,8 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     least_floor = np.full(setups, np.inf)
     np.minimum.at(least_floor, count[~fits], floor[~fits] * (1 - SAFETY))
     keep = np.nonzero(fits)[0]
-    row, z, v, count, c, lay, pp, shards, eshards, m, p2p, full, least_state, per_dense, per_expert = (
-        x[keep] for x in (row, z, v, count, c, lay, pp, shards, eshards, m, p2p, full, least_state,
+    row, z, zp, v, count, c, lay, pp, shards, eshards, m, p2p, full, least_state, per_dense, per_expert = (
+        x[keep] for x in (row, z, zp, v, count, c, lay, pp, shards, eshards, m, p2p, full, least_state,
                           per_dense, per_expert))
     floor = floor[keep]
     used, c = np.unique(c, return_inverse=True)
@@ -358,10 +359,10 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     dense, expert = ctx.col("dense")[c] - (pp == 1) * ctx.col("head_tied")[c], ctx.col("expert")[c]
 
     # the largest tail is at least the optimizer step of the stage with the most parameters
-    opt = optimizer_s(z, dense / pp, expert / pp, shards, eshards, cluster)
+    opt = optimizer_s(zp, dense / pp, expert / pp, shards, eshards, cluster)
     # ZeRO-2/3 per-micro-batch traffic not hidden: sum_i max(0, x_i) >= max(0, sum_i x_i)
     coef = np.array([layout_coef(edp, dpcp, cluster) for edp, dpcp in layouts]).reshape(len(layouts), len(KINDS), 2, 2)
-    traffic = zero_traffic_s(affine(coef, lay), z, dp_grad_bytes(setup.precision), dense, expert)
+    traffic = zero_traffic_s(affine(coef, lay), zp, dp_grad_bytes(setup.precision), dense, expert)
     zfloor = np.maximum(0.0, traffic - eff.dp_overlap_fraction * ctx.col("comp_s")[c])
     rec = np.zeros(len(z))
     if full.any():
@@ -386,7 +387,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     ends = np.searchsorted(count[order], np.arange(setups + 1))
     refiner = Refiner(model=model, cluster=cluster, setup=setup, ctx=ctx, coef=coef, dp_overlap=dp_overlap,
                       mixed_layers=width > 1, one_kind=int(layer_kind_index(model).max()) == 0, c=c, lay=lay,
-                      pp=pp, vpp=v.astype(int), m=m, zero=z, shards=shards, eshards=eshards, sigma=sigma, rec=rec,
+                      pp=pp, vpp=v.astype(int), m=m, zero=zp, shards=shards, eshards=eshards, sigma=sigma, rec=rec,
                       least_state=least_state, per_dense=per_dense, per_expert=per_expert, bottleneck=bottleneck,
                       p2p=p2p, full=full, fixed=fixed)
     return [Bounds(outer=outer, row=row[o], pp=pp[o], zero=z[o], vpp=v[o].astype(int), floor_bytes=floor[o],

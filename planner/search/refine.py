@@ -46,6 +46,7 @@ class Refiner:
     vpp: np.ndarray
     m: np.ndarray
     zero: np.ndarray
+    """the ZeRO stage each candidate is priced at (RuntimeRules.priced_zero of its own)"""
     shards: np.ndarray
     eshards: np.ndarray
     sigma: np.ndarray
