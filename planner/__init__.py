@@ -23,8 +23,8 @@ def estimate(model, cluster, setup, strategy, **kwargs):
 
 
 def make_plan(model, cluster, gpus: int, global_batch: int, seq_len: int | None = None, precision: str = "bf16",
-         attention: str = "flash", runtime: str = "any", constraints: dict | None = None, **kwargs) -> dict:
-    """The planner.plan/v1 document of the best strategy (what `planner plan --json` prints)."""
+         attention: str = "flash", runtime: str = "supported", constraints: dict | None = None, **kwargs) -> dict:
+    """The planner.plan/v2 document of the best strategy (what `planner plan --json` prints)."""
     from planner import planning
     return planning.make_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len,
                      precision=precision, attention=attention, runtime=runtime, constraints=constraints or {},

@@ -73,7 +73,7 @@ def measure(args: str) -> None:
             found = []
     else:
         request = {"model": model, "cluster": cluster, "global_batch": global_batch, "seq_len": seq_len,
-                   "precision": "bf16", "attention": "flash", "runtime": "any", "constraints": {}, "top": 0}
+                   "precision": "bf16", "attention": "flash", "runtime": "ideal", "constraints": {}, "top": 0}
         found = [(e["plan"]["search"], e["plan"]["prediction"]["step_time_s"])
                  for e in sweep(request, counts) if "plan" in e]
     elapsed = time.perf_counter() - start

@@ -47,8 +47,11 @@ def _setup_options(f):
         click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), help="sequence length (default: the model's)"),
         click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True),
-        click.option("--runtime", type=click.Choice(["any", "megatron", "deepspeed", "torchtitan"]), default="any",
-                     show_default=True),
+        click.option("--runtime", type=click.Choice(["supported", "megatron", "deepspeed", "torchtitan", "ideal", "any"]),
+                     default="supported", show_default=True,
+                     help="the space searched: supported = the union of megatron, deepspeed and torchtitan (each "
+                          "plan priced as the runtime that runs it); one of them; ideal = no runtime's limits "
+                          "(what-if: no runtime may run its plans; 'any' is its old name)"),
         click.option("--moe-dispatcher", type=click.Choice(["alltoall", "dedup"]), default=None,
                      help="how MoE tokens reach their experts: one copy per expert (alltoall) or per node and "
                           "rank (dedup: Megatron's flex dispatcher)  [default: the runtime's]"),

@@ -43,9 +43,13 @@ def memory_gib(mem) -> dict:
 
 
 def inputs_block(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, constraints: dict,
-                 solver: dict) -> dict:
+                 solver: dict, runtimes: list | None = None) -> dict:
+    """The request; `runtimes`: the runtimes whose spaces' union was searched, where the request
+    named none (training.runtime is then the one the plan was found for)."""
     inputs = {"model": model.to_dict(), "cluster": cluster.to_dict(), "training": setup.to_dict(),
               "constraints": constraints, "solver": solver}
+    if runtimes is not None:
+        inputs["runtimes"] = list(runtimes)
     canonical = json.dumps(rounded(inputs), sort_keys=True, separators=(",", ":"))
     inputs["sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
     return inputs
@@ -67,8 +71,9 @@ def prediction_block(est: StepEstimate, band) -> dict:
 
 
 def alternative_entry(s: Strategy, setup: TrainingSetup, step_time_s: float, peak_memory_bytes: float, fits: bool,
-                      best_step_s: float, capacity_bytes: float) -> dict:
-    """A runner-up with a one-line reason it lost."""
+                      best_step_s: float, capacity_bytes: float, runtime: str | None = None) -> dict:
+    """A runner-up with a one-line reason it lost (`runtime`: the one it was found for, where the
+    search covered several)."""
     if not fits:
         why = f"does not fit by {bytes_to_gib(peak_memory_bytes - capacity_bytes):.1f} GiB"
     elif step_time_s <= best_step_s:
@@ -76,13 +81,16 @@ def alternative_entry(s: Strategy, setup: TrainingSetup, step_time_s: float, pea
     else:
         gap = (step_time_s / best_step_s - 1) * 100
         why = f"slower by {gap:.1f}%" if gap >= 0.1 else f"slower by {gap:.2g}%"
-    return {"strategy": strategy_block(s, setup), "step_time_s": step_time_s,
-            "peak_memory_gib": bytes_to_gib(peak_memory_bytes), "why_not": why}
+    entry = {"strategy": strategy_block(s, setup), "step_time_s": step_time_s,
+             "peak_memory_gib": bytes_to_gib(peak_memory_bytes), "why_not": why}
+    if runtime is not None:
+        entry["runtime"] = runtime
+    return entry
 
 
 def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy, est: StepEstimate,
                constraints: dict, solver: dict, alternatives: list | None = None, notes: list | None = None,
-               search: dict | None = None) -> dict:
+               search: dict | None = None, runtimes: list | None = None, per_runtime: list | None = None) -> dict:
     stages = []
     for st in est.stages:
         layers = [st.chunks[0][0], st.chunks[-1][1]] if st.chunks else [0, 0]
@@ -94,7 +102,7 @@ def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Stra
     plan = {
         "schema": SCHEMA,
         "planner_version": __version__,
-        "inputs": inputs_block(model, cluster, setup, constraints, solver),
+        "inputs": inputs_block(model, cluster, setup, constraints, solver, runtimes),
         "strategy": strategy_block(s, setup),
         "stages": stages,
         "placement": {"order": s.order, "tiers": dict(est.tiers)},
@@ -104,6 +112,8 @@ def build_plan(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Stra
     }
     if search is not None:
         plan["search"] = search
+    if per_runtime is not None:
+        plan["best_per_runtime"] = per_runtime
     return rounded(plan)
 
 

@@ -8,16 +8,19 @@ from planner.bands import mfu_warning
 from planner.cost.memory import capacity_bytes
 from planner.cost.step import estimate
 from planner.errors import InfeasibleError, SpecError
-from planner.plan import alternative_entry, build_plan
-from planner.runtimes import RUNTIME_RULES, model_refusal
+from planner.plan import alternative_entry, build_plan, strategy_block
+from planner.runtimes import RUNTIME_RULES, TARGETS, model_refusal, record_name
 from planner.search import space
-from planner.search.driver import infeasible_message, search
+from planner.search.driver import infeasible_message, search, strategy_key
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import DEFAULT_HEADROOM, TrainingSetup, check_gpu_count, resolve_strategy
 from planner.units import bytes_to_gib
 
+SUPPORTED = "supported"
+"""the runtime a request names when it names none: the union of the spaces of TARGETS, each
+strategy priced as the runtime that runs it (make_plan)"""
 SWEEP_CHUNK = 8
 """GPU counts whose bounds a sweep computes together: more share the array work, fewer
 balance the processes better"""
@@ -50,6 +53,7 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
     """The training setup of a request (the model's sequence length unless one is given), after
     checking that the GPU count fills whole nodes."""
     check_gpu_count(gpus, cluster.gpus_per_node)
+    runtime = record_name(runtime)
     if runtime in RUNTIME_RULES and (refused := model_refusal(runtime, model)):
         raise SpecError(refused)
     seq = seq_len or model.seq_len
@@ -65,43 +69,173 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
                   precision: str, attention: str, runtime: str, constraints: dict, memory_headroom: float = 0.0,
                   moe_dispatcher: str = "") -> dict:
     """The plan document of exactly the strategy given (unset knobs take their defaults; no
-    headroom unless asked: a configuration that ran, fits)."""
-    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom,
-                   moe_dispatcher)
-    strategy = resolve_strategy(constraints, setup)
-    est = estimate(model, cluster, setup, strategy)
+    headroom unless asked: a configuration that ran, fits), priced as `runtime` runs it (a
+    strategy its record refuses: SpecError), or with SUPPORTED as the fastest of the TARGETS that
+    run it (none does: priced in the ideal space, with a note saying why)."""
+    union = runtime == SUPPORTED
+    priced, refused = [], []
+    for name in _space_names(model, runtime):
+        try:
+            setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name, memory_headroom,
+                           moe_dispatcher)
+            strategy = resolve_strategy(constraints, setup)
+            why = RUNTIME_RULES[name].refusal(strategy, model)
+            if why:
+                raise SpecError(f"runtime {name} cannot run {why}")
+        except SpecError as e:
+            if not union:
+                raise
+            refused.append(str(e))
+            continue
+        est = estimate(model, cluster, setup, strategy)
+        priced.append((est.step_time_s, len(priced), setup, strategy, est))
+    notes = []
+    if not priced:
+        setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, "ideal", memory_headroom,
+                       moe_dispatcher)
+        strategy = resolve_strategy(constraints, setup)
+        est = estimate(model, cluster, setup, strategy)
+        notes.append("no supported runtime runs this strategy (" + "; ".join(refused) + "): priced in the ideal space")
+    else:
+        _, _, setup, strategy, est = min(priced, key=lambda x: x[:2])
+    notes = _notes(cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu) + notes
+    if union and not _built(model):
+        notes.append(_unbuilt_note(model))
     return _with_runtimes(build_plan(model, cluster, setup, strategy, est, constraints,
-                                     {"name": "none", "time_limit_s": 0},
-                                     notes=_notes(cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu)))
+                                     {"name": "none", "time_limit_s": 0}, notes=notes,
+                                     runtimes=(list(TARGETS) if _built(model) else []) if union else None))
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
               attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
-              top: int = 3, progress=None, found=None, memory_headroom: float = DEFAULT_HEADROOM,
+              top: int = 3, progress=None, found: dict | None = None, memory_headroom: float = DEFAULT_HEADROOM,
               moe_dispatcher: str = "") -> dict:
-    """The plan document of the best strategy (InfeasibleError when nothing fits, SpecError when
-    no legal strategy satisfies the request; `found`: the search's bounds, computed beforehand)."""
-    setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, runtime, memory_headroom,
-                   moe_dispatcher)
-    result = search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s, top=top,
-                    progress=progress, found=found)
-    if result.best is None:
-        if result.closest is None and result.pruned_memory == 0:
-            raise SpecError(space.explain_empty(model, cluster, setup, constraints))
-        raise InfeasibleError(infeasible_message(result, cluster, setup))
+    """The plan document of the best strategy in the space of `runtime`, or with SUPPORTED in the
+    union of the spaces of TARGETS (each searched exactly, the fastest plan of all taken, ties to
+    the earlier in TARGETS; a model none of them builds is planned in the ideal space, with a
+    note). InfeasibleError when nothing fits, SpecError when no legal strategy satisfies the
+    request; `found`: {runtime: the search's bounds}, computed beforehand."""
+    union, builds = runtime == SUPPORTED, _built(model)
+    names = _space_names(model, runtime)
+    searched, refused = {}, {}
+    for name in names:
+        try:
+            setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name, memory_headroom,
+                           moe_dispatcher)
+        except SpecError as e:
+            if not union:
+                raise
+            refused[name] = str(e)
+            continue
+        searched[name] = (setup, search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s,
+                                        top=top, progress=progress, found=(found or {}).get(name)))
+    found_best = [(r.best.step_time_s, i, name) for i, (name, (_, r)) in enumerate(searched.items()) if r.best]
+    if not found_best:
+        raise _nothing(model, cluster, constraints, searched, refused)
+    name = min(found_best)[2]
+    setup, result = searched[name]
     best = result.best
     est = best.estimate(model, cluster, setup)
     cap = capacity_bytes(cluster, setup)
-    alternatives = [alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, c.fits,
-                                      best.step_time_s, cap) for c in result.alternatives]
+    runners = _runners_up(searched, name, top)
+    alternatives = [alternative_entry(c.strategy, s_up, c.step_time_s, c.peak_memory_bytes, c.fits, best.step_time_s,
+                                      cap, r if union and builds else None) for r, s_up, c in runners]
     if result.closest is not None and result.closest.step_time_s < best.step_time_s and top:
         c = result.closest
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
-                                              best.step_time_s, cap))
-    notes = _notes(cluster, setup, proven_optimal=result.proven_optimal, mfu=est.mfu)
+                                              best.step_time_s, cap, name if union and builds else None))
+    notes = _notes(cluster, setup, proven_optimal=all(r.proven_optimal for _, r in searched.values()), mfu=est.mfu)
+    if union and not builds:
+        notes.append(_unbuilt_note(model))
+    elif name == "ideal":
+        notes.append("planned in the ideal space (--runtime ideal): no runtime's limits shape it, so no runtime may "
+                     "run it as planned")
+    per_runtime = _per_runtime(searched, refused, cluster) if union and builds else None
     return _with_runtimes(build_plan(model, cluster, setup, best.strategy, est, constraints,
                                      {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives,
-                                     notes=notes, search=result.summary()))
+                                     notes=notes, search=_search_summary(searched),
+                                     runtimes=(list(TARGETS) if builds else []) if union else None,
+                                     per_runtime=per_runtime))
+
+
+def _built(model: ModelSpec) -> bool:
+    """Whether the supported runtimes build `model` at all: they build decoders (not an explicit
+    graph, not an encoder)."""
+    return not model.is_graph and model.causal
+
+
+def _unbuilt_note(model: ModelSpec) -> str:
+    return (f"no supported runtime builds {model.name} (an explicit graph or an encoder): planned in the ideal "
+            "space, which no runtime's limits shape")
+
+
+def _space_names(model: ModelSpec, runtime: str) -> tuple[str, ...]:
+    """The runtime records whose spaces' union a request searches (make_plan)."""
+    if runtime != SUPPORTED:
+        return (record_name(runtime),)
+    return TARGETS if _built(model) else ("ideal",)
+
+
+def _runners_up(searched: dict, winner: str, top: int) -> list:
+    """(runtime, setup, candidate) of the `top` fastest plans after the best over every runtime
+    searched: one per strategy (its fastest runtime's), ties to the earlier runtime."""
+    pool = []
+    for i, (name, (setup, r)) in enumerate(searched.items()):
+        for cand in ((r.best,) if name != winner and r.best else ()) + r.alternatives:
+            pool.append((cand.step_time_s, i, name, setup, cand))
+    pool.sort(key=lambda x: (x[0], x[1]))
+    best_key = strategy_key(searched[winner][1].best.strategy)
+    seen, out = {best_key}, []
+    for _, _, name, setup, cand in pool:
+        key = strategy_key(cand.strategy)
+        if key not in seen and len(out) < top:
+            seen.add(key)
+            out.append((name, setup, cand))
+    return out
+
+
+def _per_runtime(searched: dict, refused: dict, cluster: Cluster) -> list[dict]:
+    """Each runtime's best plan (a one-line strategy and its step time), or why it has none."""
+    out = []
+    for name in TARGETS:
+        if name in refused:
+            out.append({"runtime": name, "why_not": refused[name]})
+            continue
+        setup, r = searched[name]
+        if r.best is None:
+            out.append({"runtime": name, "why_not": infeasible_message(r, cluster, setup) if r.closest or r.pruned_memory
+                        else "no legal strategy satisfies the request under this runtime"})
+        else:
+            out.append({"runtime": name, "step_time_s": r.best.step_time_s,
+                        "strategy": strategy_block(r.best.strategy, setup)})
+    return out
+
+
+def _search_summary(searched: dict) -> dict:
+    """The search counts of every runtime searched, summed (what the plan's search block says)."""
+    results = [r for _, r in searched.values()]
+    out = results[0].summary()
+    for r in results[1:]:
+        for k, v in r.summary().items():
+            out[k] = out[k] and v if isinstance(v, bool) else out[k] + v
+    return out
+
+
+def _nothing(model: ModelSpec, cluster: Cluster, constraints: dict, searched: dict, refused: dict) -> Exception:
+    """The error of a request no runtime searched has a plan for: what refused it, what the
+    closest candidate would need, or why no strategy is legal."""
+    if not searched:
+        return SpecError("no supported runtime runs this setup: " + "; ".join(refused.values()))
+    near = [(r.closest.peak_memory_bytes, i, setup, r) for i, (setup, r) in enumerate(searched.values()) if r.closest]
+    if near:
+        _, _, setup, r = min(near, key=lambda x: x[:2])
+        return InfeasibleError(infeasible_message(r, cluster, setup))
+    pruned = [(setup, r) for setup, r in searched.values() if r.pruned_memory]
+    if pruned:
+        setup, r = min(pruned, key=lambda x: x[1].memory_floor_bytes)
+        return InfeasibleError(infeasible_message(r, cluster, setup))
+    setup, _ = next(iter(searched.values()))
+    return SpecError(space.explain_empty(model, cluster, setup, constraints))
 
 
 def _with_runtimes(doc: dict) -> dict:
@@ -131,23 +265,35 @@ def replan(doc: dict, refresh_presets: bool = False) -> dict:
             cluster = load_cluster(cluster.name)
     tr = inputs["training"]
     return make_plan(model, cluster, gpus=tr["gpus"], global_batch=tr["global_batch"], seq_len=tr["seq_len"],
-                     precision=tr["precision"], attention=tr["attention"], runtime=tr["runtime"],
+                     precision=tr["precision"], attention=tr["attention"],
+                     runtime=SUPPORTED if "runtimes" in inputs else tr["runtime"],
                      constraints=dict(inputs["constraints"]), solver=inputs["solver"]["name"],
                      time_limit_s=inputs["solver"]["time_limit_s"], top=len(doc.get("alternatives", [])),
                      memory_headroom=tr.get("memory_headroom", 0.0), moe_dispatcher=tr.get("moe_dispatcher", ""))
 
 
 def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> dict:
-    """Verdict of `planner check`: 'ok', 'stale' (the best strategy changed, even if faster) or
-    'regressed' (the predicted step time grew by more than `tolerance`)."""
+    """Verdict of `planner check`: 'ok', 'unrunnable' (the runtime the plan was made for no longer
+    runs it as planned: export.runnable_on), 'stale' (the best strategy changed, even if faster;
+    or the plan was made in the ideal space under its old name 'any', which is no longer the
+    default: re-plan) or 'regressed' (the predicted step time grew by more than `tolerance`)."""
     from planner.compare import diff
+    from planner.export import runnable_on
 
     fresh = replan(doc, refresh_presets)
     old_step = doc["prediction"]["step_time_s"]
     new_step = fresh["prediction"]["step_time_s"]
     growth = new_step / old_step - 1.0
     changed = diff({"strategy": doc["strategy"]}, {"strategy": fresh["strategy"]})
-    if changed:
+    recorded = doc["inputs"]["training"]["runtime"]
+    if recorded in TARGETS and recorded not in [r["runtime"] for r in runnable_on(doc)]:
+        verdict = "unrunnable"
+        why = f"{recorded}, the runtime it was planned for, no longer runs it as planned (planner export says why)"
+    elif recorded == "any":
+        verdict = "stale"
+        why = ("planned in the ideal space under its old name 'any' (no runtime's limits), no longer the default: "
+               "re-plan for a plan the supported runtimes run")
+    elif changed:
         verdict = "stale"
         why = (f"the best strategy changed ({', '.join(c['key'].split('.', 1)[1] for c in changed)}); "
                f"the new plan is {'faster' if growth < 0 else 'slower'} by {abs(growth) * 100:.2f}%")
@@ -175,20 +321,23 @@ def _sweep_chunk(request: dict, counts: list[int]) -> list[dict]:
     from planner.errors import PlannerError
     from planner.search.driver import bound_sweep
 
-    r, setups = request, {}
-    for n in counts:
+    r, found = request, {n: {} for n in counts}
+    for name in _space_names(r["model"], r["runtime"]):
+        setups = {}
+        for n in counts:
+            try:
+                setups[n] = _setup(r["model"], r["cluster"], n, r["global_batch"], r["seq_len"], r["precision"],
+                                   r["attention"], name, r.get("memory_headroom", DEFAULT_HEADROOM),
+                                   r.get("moe_dispatcher", ""))
+            except PlannerError:
+                pass  # make_plan says why
         try:
-            setups[n] = _setup(r["model"], r["cluster"], n, r["global_batch"], r["seq_len"], r["precision"],
-                               r["attention"], r["runtime"], r.get("memory_headroom", DEFAULT_HEADROOM),
-                               r.get("moe_dispatcher", ""))
+            for n, b in zip(setups, bound_sweep(r["model"], r["cluster"], list(setups.values()), r["constraints"])
+                            if setups else []):
+                found[n][name] = b
         except PlannerError:
-            pass  # make_plan says why
-    try:
-        found = dict(zip(setups, bound_sweep(r["model"], r["cluster"], list(setups.values()), r["constraints"])
-                         if setups else []))
-    except PlannerError:
-        found = {}  # each count's search says why
-    return [_sweep_entry(request, n, found.get(n)) for n in counts]
+            pass  # each count's search says why
+    return [_sweep_entry(request, n, found[n]) for n in counts]
 
 
 def _chunks(counts: list[int], global_batch: int, size: int) -> list[list[int]]:

@@ -43,6 +43,19 @@ def estimate_table(plan: dict) -> None:
     if "runnable_on" in plan:
         names = ", ".join(r["runtime"] for r in plan["runnable_on"]) or "none of the supported runtimes"
         err.print(f"runs on: {names}", markup=False, highlight=False)
+    training = plan["inputs"]["training"]
+    if training["runtime"] in ("ideal", "any"):
+        err.print("space: ideal (no runtime's limits; a what-if plan)", markup=False, highlight=False)
+    elif "runtimes" in plan["inputs"]:
+        err.print(f"space: the union of {', '.join(plan['inputs']['runtimes'])}; planned for {training['runtime']}",
+                  markup=False, highlight=False)
+    for entry in plan.get("best_per_runtime", []):
+        if "strategy" in entry:
+            gap = entry["step_time_s"] / pr["step_time_s"] - 1
+            what = f"{_fmt_s(entry['step_time_s'])} ({gap * 100:+.1f} %)  {_knobs(entry['strategy'])}"
+        else:
+            what = f"no plan: {entry['why_not']}"
+        err.print(f"  best on {entry['runtime']:<10} {what}", markup=False, highlight=False)
     if band:
         err.print(f"band: {band['low_error'] * 100:+.1f} % to {band['high_error'] * 100:+.1f} % of measured, "
                   f"from {band['rows']} out-of-sample runs ({band['basis']})", markup=False, highlight=False)
@@ -131,10 +144,12 @@ def plan_table(plan: dict) -> None:
     err.print(stages)
     if plan["alternatives"]:
         alt = Table(title="runners-up", title_justify="left")
-        for col in ("strategy", "step time", "memory GiB", "why not"):
+        with_runtime = any("runtime" in a for a in plan["alternatives"])
+        for col in ("strategy", *(("runtime",) if with_runtime else ()), "step time", "memory GiB", "why not"):
             alt.add_column(col)
         for a in plan["alternatives"]:
-            alt.add_row(_knobs(a["strategy"]), _fmt_s(a["step_time_s"]), f"{a['peak_memory_gib']:.1f}", a["why_not"])
+            alt.add_row(esc(_knobs(a["strategy"])), *((esc(a.get("runtime", "")),) if with_runtime else ()),
+                        _fmt_s(a["step_time_s"]), f"{a['peak_memory_gib']:.1f}", esc(a["why_not"]))
         err.print(alt)
     if "search" in plan:
         s = plan["search"]
@@ -146,15 +161,16 @@ def plan_table(plan: dict) -> None:
 
 def sweep_table(doc: dict) -> None:
     t = Table(title="plans per GPU count", title_justify="left")
-    for col in ("GPUs", "step time", "tokens/s", "MFU", "memory GiB", "strategy"):
-        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for col in ("GPUs", "step time", "tokens/s", "MFU", "memory GiB", "runtime", "strategy"):
+        t.add_column(col, justify="left" if col in ("runtime", "strategy") else "right")
     for e in doc["plans"]:
         if "plan" not in e:
-            t.add_row(str(e["gpus"]), "-", "-", "-", "-", f"[red]{esc(e['infeasible'])}[/red]")
+            t.add_row(str(e["gpus"]), "-", "-", "-", "-", "-", f"[red]{esc(e['infeasible'])}[/red]")
             continue
         pr = e["plan"]["prediction"]
         t.add_row(str(e["gpus"]), _fmt_s(pr["step_time_s"]), f"{pr['tokens_per_s']:,.0f}", f"{pr['mfu'] * 100:.1f} %",
-                  f"{pr['peak_memory_gib']:.1f}", _knobs(e["plan"]["strategy"]))
+                  f"{pr['peak_memory_gib']:.1f}", esc(e["plan"]["inputs"]["training"]["runtime"]),
+                  esc(_knobs(e["plan"]["strategy"])))
     err.print(t)
 
 
@@ -276,7 +292,7 @@ def diff_table(changes: list[dict], old_name: str, new_name: str) -> None:
 
 
 def check_lines(result: dict, plan_name: str) -> None:
-    colour = {"ok": "green", "stale": "yellow", "regressed": "red"}[result["verdict"]]
+    colour = {"ok": "green", "stale": "yellow", "regressed": "red", "unrunnable": "red"}[result["verdict"]]
     err.print(f"[{colour}]{result['verdict']}[/{colour}]: {esc(str(plan_name))}: {esc(result['reason'])}")
     if result["verdict"] != "ok":
         diff_table(result["changes"], plan_name, "re-planned")

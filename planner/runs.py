@@ -35,7 +35,7 @@ CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
             "analytic_reference", "confidence", "runtime", "runtime_version", "moe_dispatcher", "erratum")
-RUN_RUNTIMES = tuple(name for name in RUNTIME_RULES if name != "any")
+RUN_RUNTIMES = tuple(name for name in RUNTIME_RULES if name != "ideal")
 """the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron,
 Megatron-LM before its 2023 overlaps as megatron@2022; Megatron-DeepSpeed as deepspeed; MosaicML
 llm-foundry as composer): runtimes.RUNTIME_RULES says what the cost model reads of each"""

@@ -108,6 +108,32 @@ class RuntimeRules:
             return np.where(np.greater(pp, 1) & np.greater_equal(zero, 2), 1, zero)
         return 1 if pp > 1 and zero >= 2 else zero
 
+    def refusal(self, s, model) -> str | None:
+        """What this runtime cannot run of Strategy `s` for ModelSpec `model` (None when it runs
+        it): the rules the search's space (search/space.py, search/bounds.py) enumerates by, read
+        from the same fields. The precision, the dispatcher and the model itself are refused with
+        the setup (precision_refusal, dispatcher_refusal, model_refusal)."""
+        zeros = self.zero_with_pp if s.pp > 1 else self.zero
+        if s.zero not in zeros:
+            return f"ZeRO {s.zero}{' under pipeline stages' if s.pp > 1 else ''} (it runs {zeros})"
+        if self.replicate_alone and s.zero == 0 and not s.tp == s.pp == s.cp == 1:
+            return "plain replication (ZeRO 0) beside other parallelism"
+        if s.cp > 1 and not self.context_parallel:
+            return f"context parallelism (cp {s.cp})"
+        if s.ep > 1 and not self.expert_parallel:
+            return f"expert parallelism (ep {s.ep})"
+        if s.vpp > 1 and not self.interleaving:
+            return f"interleaved pipeline stages (vpp {s.vpp})"
+        if s.vpp > 1 and self.even_chunks and model.layers % (s.pp * s.vpp):
+            return f"unequal virtual chunks ({model.layers} layers over {s.pp * s.vpp} chunks)"
+        if self.uneven_split == "none" and model.layers % s.pp:
+            return f"unequal stages ({model.layers} layers over {s.pp})"
+        if s.order not in self.orders:
+            return f"rank order {s.order} (it places ranks {' or '.join(self.orders)})"
+        if self.recompute_counts == "all" and s.recompute == "full" and s.recompute_layers is not None:
+            return f"full recomputation of some layers only (recompute_layers {s.recompute_layers})"
+        return None
+
     def fixed_split(self, pp, vpp):
         """Whether the even split is the only split: one stage, interleaving (equal virtual
         chunks), or a runtime that splits evenly (elementwise over arrays of pp and vpp)."""
@@ -120,8 +146,9 @@ class RuntimeRules:
 
 
 RUNTIME_RULES: dict[str, RuntimeRules] = {
-    "any": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True,
-                        "no runtime restriction", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2")),
+    "ideal": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True,
+                          "the ideal space: no runtime's restrictions (for what-if analysis; no runtime may run "
+                          "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2")),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
@@ -148,6 +175,18 @@ RUNTIME_RULES["megatron@2022"] = RuntimeRules(
 for _name, _note in (("nanotron", "nanotron (flash_attn)"), ("composer", "MosaicML llm-foundry (FSDP, flash_attn)"),
                      ("other", "a runtime not described here (flash_attn assumed)")):
     RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True, _note)
+
+
+TARGETS = ("megatron", "deepspeed", "torchtitan")
+"""the runtimes a plan is searched for when the request names none (the union of their spaces,
+each strategy priced as the runtime that runs it)"""
+OLD_NAMES = {"any": "ideal"}
+"""record names plans and commands of earlier versions used"""
+
+
+def record_name(runtime: str) -> str:
+    """The record a runtime name stands for (an old name read as its new one)."""
+    return OLD_NAMES.get(runtime, runtime)
 
 
 def dispatcher(runtime: str, requested: str = "") -> str:

@@ -7,6 +7,9 @@ v2 over v1: prediction.hfu and prediction.band (how sure the step time is: the s
 out-of-sample errors, planner/bands.py), inputs.training.memory_headroom (required), and two
 optional keys that later features fill: runnable_on (the runtimes that execute the plan) and
 pools (mixed clusters). A v1 plan lacks the first three; diff, check, export and ranks read it.
+Later optional v2 keys: inputs.runtimes, alternatives[].runtime and best_per_runtime (a search
+over the union of several runtimes' spaces, the default), and training.runtime 'ideal' (the
+old 'any', still read as 'ideal').
 """
 
 from __future__ import annotations
@@ -57,15 +60,23 @@ PREDICTION = _obj({**_PREDICTION_V1, "hfu": _NUM, "band": BAND})
 _TRAINING = {"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
              "precision": {"type": "string", "enum": ["bf16", "fp16", "fp8"]},
              "attention": {"type": "string", "enum": ["flash", "eager"]},
-             "runtime": {"type": "string", "enum": ["any", "megatron", "deepspeed", "torchtitan"]}}
+             "runtime": {"type": "string", "enum": ["ideal", "any", "megatron", "deepspeed", "torchtitan"]}}
 TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
                  "moe_dispatcher": {"type": "string", "enum": ["alltoall", "dedup"]}},
                 required=[*_TRAINING, "memory_headroom"])
 """moe_dispatcher only where the request named one (else the runtime's own)"""
 _SOLVER = _obj({"name": _STR, "time_limit_s": _NUM})
-INPUTS = _obj({"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,
-               "constraints": {"type": "object"}, "solver": _SOLVER, "sha256": _STR})
-ALTERNATIVE = _obj({"strategy": STRATEGY, "step_time_s": _NUM, "peak_memory_gib": _NUM, "why_not": _STR})
+_INPUTS = {"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,
+           "constraints": {"type": "object"}, "solver": _SOLVER, "sha256": _STR}
+INPUTS = _obj({**_INPUTS, "runtimes": {"type": "array", "items": _STR}}, required=list(_INPUTS))
+"""runtimes: the union searched where the request named no runtime ('ideal' and 'any' are the
+old default's space)"""
+_ALTERNATIVE = {"strategy": STRATEGY, "step_time_s": _NUM, "peak_memory_gib": _NUM, "why_not": _STR}
+ALTERNATIVE = _obj({**_ALTERNATIVE, "runtime": _STR}, required=list(_ALTERNATIVE))
+PER_RUNTIME = _obj({"runtime": _STR, "step_time_s": _NUM, "strategy": STRATEGY, "why_not": _STR},
+                   required=["runtime"])
+"""one runtime's best plan in a search over several (a strategy summary and its step time), or
+why it has none"""
 RUNNABLE = _obj({"runtime": _STR, "checked_against": _STR})
 
 
@@ -92,6 +103,7 @@ def _plan(version: str, inputs: dict, prediction: dict, extra: dict) -> dict:
 
 
 PLAN_SCHEMA = _plan("v2", INPUTS, PREDICTION, {"runnable_on": {"type": "array", "items": RUNNABLE},
+                                              "best_per_runtime": {"type": "array", "items": PER_RUNTIME},
                                               "pools": {"type": "array", "items": {"type": "object"}}})
 PLAN_SCHEMA_V1 = _plan("v1", _obj({"model": {"type": "object"}, "cluster": {"type": "object"},
                                    "training": _obj(_TRAINING), "constraints": {"type": "object"},

@@ -52,7 +52,7 @@ def validate(runs: list[Run], loso: bool = True, checks: list[Run] = (), plans: 
                 progress(k, len(runs), f"searching {r.id}")
             # the union of the runtimes' spaces (a published configuration may lie outside the rules
             # the planner writes for its runtime), priced as that runtime runs it
-            searched.append(search(r.model, r.cluster, r.setup, {}, top=0, space_of="any").best)
+            searched.append(search(r.model, r.cluster, r.setup, {}, top=0, space_of="ideal").best)
     held = []
     if loso:
         by_gpu: dict[str, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))

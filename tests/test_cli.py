@@ -63,7 +63,10 @@ def test_plan_has_design_keys(plan):
     assert plan["alternatives"] == []
     assert {"model", "cluster", "training", "constraints", "solver", "sha256"} <= set(plan["inputs"])
     assert plan["inputs"]["training"] == {"gpus": 8, "global_batch": 32, "seq_len": 8192, "precision": "bf16",
-                                          "attention": "flash", "runtime": "any", "memory_headroom": 0.0}
+                                          "attention": "flash", "runtime": "megatron", "memory_headroom": 0.0}
+    # no --runtime: priced as the fastest of the supported runtimes that run it (tp 2 on one node:
+    # Megatron's TP comm overlap and fused attention make it the fastest)
+    assert plan["inputs"]["runtimes"] == ["megatron", "deepspeed", "torchtitan"]
     assert plan["inputs"]["constraints"] == {"tp": 2}
     assert plan["placement"]["order"] == "tp-cp-ep-dp-pp"
     for stage in plan["stages"]:

@@ -449,7 +449,7 @@ def test_a_dispatcher_the_runtime_lacks_is_refused(runtime):
     assert TrainingSetup(gpus=8, global_batch=8, seq_len=128, runtime="megatron", moe_dispatcher="alltoall")
 
 
-@pytest.mark.parametrize("runtime", ["torchtitan", "any"])
+@pytest.mark.parametrize("runtime", ["torchtitan", "ideal"])
 def test_fsdp_under_pipeline_stages_is_priced_as_the_runtime_runs_it(runtime):
     """torchtitan (torch.distributed.pipelining) defers FSDP's gradient sync and resharding to
     the step's last backward under pp > 1: ZeRO-3 there costs what ZeRO-1 does, in time and

@@ -168,10 +168,34 @@ def test_check_unchanged_plan_exits_0(plan_doc):
 
 def test_check_stale_strategy_exits_1(plan_doc, tmp_path):
     doc = json.loads(plan_doc[1])
-    doc["strategy"]["micro_batch"] += 1
+    assert doc["strategy"]["zero"] == 1
+    doc["strategy"]["zero"] = 0  # another strategy its runtime runs too
     result = run("check", _write(tmp_path, "stale.json", doc), "--json")
     assert result.returncode == 1
     assert json.loads(result.stdout)["verdict"] == "stale"
+
+
+def test_check_exits_1_when_the_recorded_runtime_no_longer_runs_the_plan(plan_doc, tmp_path):
+    doc = json.loads(plan_doc[1])
+    runtime = doc["inputs"]["training"]["runtime"]
+    assert runtime in [r["runtime"] for r in doc["runnable_on"]]
+    doc["strategy"]["micro_batch"] += 1  # the batch arithmetic no runtime can launch
+    result = run("check", _write(tmp_path, "unrunnable.json", doc), "--json")
+    assert result.returncode == 1
+    out = json.loads(result.stdout)
+    assert out["verdict"] == "unrunnable" and runtime in out["reason"]
+
+
+def test_a_plan_recorded_in_the_old_any_space_reads_as_ideal_and_check_says_to_replan(plan_doc, tmp_path):
+    doc = json.loads(plan_doc[1])
+    training = doc["inputs"]["training"]
+    training["runtime"] = "any"
+    doc["inputs"].pop("runtimes", None)
+    assert run("export", _write(tmp_path, "any.json", doc), "--to", "megatron").returncode in (0, 2)
+    result = run("check", _write(tmp_path, "any.json", doc), "--json")
+    assert result.returncode == 1
+    out = json.loads(result.stdout)
+    assert out["verdict"] == "stale" and "re-plan" in out["reason"]
 
 
 @pytest.mark.parametrize("factor,tolerance,code", [(0.99, 0.02, 0), (0.97, 0.02, 1), (0.97, 0.05, 0)])
@@ -266,13 +290,18 @@ def test_no_plan_peaks_above_capacity_less_headroom(gpus):
 def test_a_plan_of_schema_v1_with_a_seven_fraction_efficiency_block_rechecks_unchanged():
     """tests/data/plan_v1_291d48b.json: `planner plan -m llama3-8b -c dgx-h100 --gpus 16
     --global-batch 64 --seq-len 4096 --json` at commit 291d48b, whose efficiency block had seven
-    free fractions. It re-plans from its recorded inputs to the same strategy and step time."""
+    free fractions. It re-plans from its recorded inputs (runtime 'any', read as 'ideal') to the
+    same strategy and step time; check still exits 1 and says to re-plan, since its space is no
+    longer the default."""
     from pathlib import Path
 
     path = Path(__file__).parent / "data" / "plan_v1_291d48b.json"
-    result = run("check", str(path), "--tolerance", "0")
-    assert result.returncode == 0, result.stderr
-    assert "same strategy; step time +0.00%" in result.stderr
+    result = run("check", str(path), "--tolerance", "0", "--json")
+    assert result.returncode == 1, result.stderr
+    out = json.loads(result.stdout)
+    assert out["verdict"] == "stale" and "re-plan" in out["reason"]
+    assert out["step_time_change"] == 0
+    assert not [c for c in out["changes"] if c["key"].startswith("strategy.")]
 
 
 def test_diff_export_and_ranks_read_a_v1_plan_and_say_so():

@@ -2,13 +2,17 @@
 search towards one of the refusals: ZeRO >= 2 with pipelines, interleaving, context parallelism,
 per-stage recompute counts, replication with model parallelism, uneven splits)."""
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.errors import PlannerError
 from planner.export import export
-from planner.planning import make_plan
+from planner.planning import SUPPORTED, estimate_plan, make_plan
+from planner.runtimes import RUNTIME_RULES, TARGETS
+from planner.spec.training import STRATEGY_KNOBS, TrainingSetup, resolve_strategy
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
 from runtime_checks import CHECKS
@@ -69,16 +73,21 @@ def test_every_plan_for_a_runtime_exports_to_it(runtime, setup):
     assert export(plan, RUNTIMES[runtime])
     assert runtime in [r["runtime"] for r in plan["runnable_on"]]
     CHECKS[runtime](plan)  # and the runtime's own code reads the export
+    knobs = {k: v for k, v in plan["strategy"].items() if k in STRATEGY_KNOBS}
+    strategy = resolve_strategy(dict(knobs, order=plan["placement"]["order"]),
+                                TrainingSetup(gpus=gpus, global_batch=batch, seq_len=seq, precision=precision,
+                                              runtime=runtime))
+    assert RUNTIME_RULES[runtime].refusal(strategy, load_model(model)) is None  # the record's own check agrees
 
 
 def test_runnable_on_lists_exactly_the_runtimes_that_take_the_plan():
     """runnable_on names each runtime whose exporter takes the plan, with the version it was
-    checked against; the others refuse it. The README's quick-start plan (the unrestricted
-    space) runs on none of them today, and says so in its notes."""
+    checked against; the others refuse it. The README's quick-start setup planned in the ideal
+    space runs on none of them, and says so in its notes."""
     from planner.errors import ExportError
     from planner.export import CHECKED_AGAINST, EXPORTERS
 
-    for runtime in ("any", "deepspeed"):
+    for runtime in ("ideal", "deepspeed"):
         plan = make_plan(load_model("llama3-70b"), load_cluster("dgx-h100"), gpus=64, global_batch=512, seq_len=4096,
                          precision="bf16", attention="flash", runtime=runtime, constraints={}, top=0)
         listed = {r["runtime"]: r["checked_against"] for r in plan["runnable_on"]}
@@ -115,3 +124,117 @@ def test_the_readme_export_commands_run_and_their_runtimes_read_the_output(tmp_p
         assert runtime in [r["runtime"] for r in plan["runnable_on"]]
         CHECKS[runtime](plan)
     assert (tmp_path / "launch.sh").read_text().startswith("#!/usr/bin/env bash")
+
+
+# ------------------------------------------------------------------ the default: every runtime's space
+
+MATRIX = [
+    # every decoder preset on its natural cluster, at three GPU counts: (model, cluster, seq, batch, counts)
+    ("llama2-7b", "dgx-a100-80g", 4096, 1024, (8, 64, 256)),
+    ("llama2-70b", "dgx-a100-80g", 4096, 1024, (64, 256, 1024)),
+    ("gpt3-175b", "dgx-a100-80g", 2048, 1536, (384, 768, 1536)),
+    ("llama3-8b", "dgx-h100", 8192, 512, (8, 64, 512)),
+    ("llama3-70b", "dgx-h100", 8192, 1024, (64, 256, 1024)),
+    ("llama3-405b", "dgx-h100", 8192, 2048, (1024, 4096, 16384)),
+    ("qwen2.5-72b", "dgx-h100", 4096, 1024, (64, 256, 1024)),
+    ("mixtral-8x7b", "dgx-h100", 4096, 1024, (64, 256, 1024)),
+    ("deepseek-v3", "dgx-h100", 4096, 4096, (256, 1024, 2048)),
+]
+
+
+def test_the_matrix_names_every_decoder_preset():
+    from planner.presets import preset_names
+    decoders = {n for n in preset_names("models") if load_model(n).causal and not load_model(n).is_graph}
+    assert {m for m, *_ in MATRIX} == decoders
+
+
+@pytest.mark.parametrize("model, cluster, seq, batch, gpus",
+                         [(m, c, s, b, g) for m, c, s, b, counts in MATRIX for g in counts],
+                         ids=lambda v: str(v))
+def test_the_default_plan_runs_on_a_supported_runtime(model, cluster, seq, batch, gpus):
+    """Issue 12: without --runtime, the plan comes from the union of the supported runtimes'
+    spaces; it lists where it runs, exports to each of them without refusal, and each runtime's
+    own code reads the export (runtime_checks)."""
+    plan = make_plan(load_model(model), load_cluster(cluster), gpus=gpus, global_batch=batch, seq_len=seq,
+                     precision="bf16", attention="flash", runtime=SUPPORTED, constraints={}, top=0)
+    runs_on = [r["runtime"] for r in plan["runnable_on"]]
+    assert plan["inputs"]["training"]["runtime"] in runs_on
+    for runtime in runs_on:
+        assert export(plan, runtime)
+        if runtime in CHECKS:
+            CHECKS[runtime](plan)
+
+
+@pytest.mark.parametrize("setup", SETUPS, ids=lambda s: f"{s[0]}-{s[2]}gpu-{s[4]}")
+def test_the_default_plan_is_the_fastest_of_the_runtimes_plans(setup):
+    """The union's search is exact: its plan is the fastest of the plans each supported runtime's
+    own search finds (ties to the earlier runtime), each runtime's best is listed beside it, and
+    the runners-up are the next fastest of all, each strategy once."""
+    model_name, cluster_name, gpus, batch, seq, constraints = setup
+    model, cluster = load_model(model_name), load_cluster(cluster_name)
+
+    def plan(runtime, top=2):
+        try:
+            return make_plan(model, cluster, gpus=gpus, global_batch=batch, seq_len=seq, precision="bf16",
+                             attention="flash", runtime=runtime, constraints=constraints, top=top)
+        except PlannerError:
+            return None
+
+    each = {r: plan(r) for r in TARGETS}
+    union = plan(SUPPORTED)
+    steps = [(p["prediction"]["step_time_s"], i, r) for i, (r, p) in enumerate(each.items()) if p]
+    fastest = min(steps)
+    assert union["prediction"]["step_time_s"] == fastest[0]
+    assert union["inputs"]["training"]["runtime"] == fastest[2]
+    assert union["strategy"] == each[fastest[2]]["strategy"]
+    listed = {e["runtime"]: e for e in union["best_per_runtime"]}
+    assert list(listed) == list(TARGETS)
+    for r, p in each.items():
+        if p:
+            assert listed[r]["step_time_s"] == p["prediction"]["step_time_s"]
+            assert listed[r]["strategy"] == p["strategy"]
+        else:
+            assert "why_not" in listed[r]
+    pool = sorted(((a["step_time_s"], i, k, json.dumps(a["strategy"], sort_keys=True))
+                   for i, p in enumerate(each.values()) if p
+                   for k, a in enumerate([{"step_time_s": p["prediction"]["step_time_s"], "strategy": p["strategy"]},
+                                          *p["alternatives"]]) if not a.get("why_not", "").startswith("does not fit")))
+    expected, seen = [], {json.dumps(union["strategy"], sort_keys=True)}
+    for step, _, _, key in pool:
+        if key not in seen and len(expected) < 2:
+            seen.add(key)
+            expected.append((step, key))
+    got = [(a["step_time_s"], json.dumps(a["strategy"], sort_keys=True)) for a in union["alternatives"]
+           if not a["why_not"].startswith("does not fit")]
+    assert got == expected
+
+
+def test_estimate_refuses_what_the_named_runtime_cannot_run_and_the_default_prices_who_can():
+    """One record for search, estimate and export: `estimate --runtime deepspeed --cp 2` is refused
+    as `plan` refuses it; without --runtime the strategy is priced as the fastest runtime that
+    runs it, and one no supported runtime runs is priced in the ideal space, saying so."""
+    from planner.errors import SpecError
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    args = dict(gpus=16, global_batch=64, seq_len=8192, precision="bf16", attention="flash")
+    with pytest.raises(SpecError, match="deepspeed cannot run context parallelism"):
+        estimate_plan(model, cluster, runtime="deepspeed", constraints={"cp": 2}, **args)
+    doc = estimate_plan(model, cluster, runtime=SUPPORTED, constraints={"cp": 2}, **args)
+    assert doc["inputs"]["training"]["runtime"] in ("megatron", "torchtitan")
+    # ZeRO-2 under pipeline stages: Megatron has no ZeRO-2, DeepSpeed's pipeline engine stops at
+    # ZeRO-1, torchtitan shards fully or not at all
+    doc = estimate_plan(model, cluster, runtime=SUPPORTED, constraints={"pp": 2, "zero": 2}, **args)
+    assert doc["inputs"]["training"]["runtime"] == "ideal"
+    assert any("no supported runtime runs this strategy" in n for n in doc["notes"])
+    for runtime in TARGETS:
+        with pytest.raises(SpecError, match=f"runtime {runtime} cannot run"):
+            estimate_plan(model, cluster, runtime=runtime, constraints={"pp": 2, "zero": 2}, **args)
+
+
+def test_a_model_no_runtime_builds_is_planned_in_the_ideal_space_with_a_note():
+    from pathlib import Path
+    model = load_model(str(Path(__file__).parent / "data" / "toy-cnn.yaml"))
+    plan = make_plan(model, load_cluster("dgx-h100"), gpus=8, global_batch=64, seq_len=None, precision="bf16",
+                     attention="flash", runtime=SUPPORTED, constraints={}, top=0)
+    assert plan["inputs"]["training"]["runtime"] == "ideal" and plan["inputs"]["runtimes"] == []
+    assert plan["runnable_on"] == []
+    assert any("no supported runtime builds" in n for n in plan["notes"])

@@ -504,7 +504,7 @@ def test_split_dp_window_keeps_every_split_that_beats_the_cutoff(pp, micro_batch
                  sequence_parallel=False)
     prof = profile(model, CLUSTER, setup, s)
     width = space.stage_width(model.layers, pp)
-    rules = space.RUNTIME_RULES["any"]
+    rules = space.RUNTIME_RULES["ideal"]
     every = _tables(prof, rules, width)
     best = stages.best_split(*every, prof.microbatches)
     for cutoff in (best.step_s * (1 + 1e-12), best.step_s * 1.002, best.step_s * 1.02, best.step_s * 0.999):
@@ -649,7 +649,7 @@ def test_splits_and_counts_chosen_together_where_the_relaxed_split_falls_short()
     setup = TrainingSetup(gpus=128, global_batch=512, seq_len=2048)
     s = Strategy(dp=2, tp=8, pp=8, cp=1, micro_batch=1, zero=1, recompute="full", sequence_parallel=True)
     prof = profile(model, cluster, setup, s)
-    rules = space.RUNTIME_RULES["any"]
+    rules = space.RUNTIME_RULES["ideal"]
     relaxed, joint = _dp_split(prof, rules), _dp_split(prof, rules, counts=True)
     stats = {"programmes": 0, "ilp": 0, "optimal": True}
     alone = _with_counts(prof, relaxed.bounds, rules, cluster.gpu.memory_bytes, "highs", 10.0, math.inf, stats)
@@ -672,7 +672,7 @@ def test_full_candidate_no_split_beats_is_priced_at_counts_that_fit(memory_gib):
     cluster = _tight_cluster(memory_gib)
     setup = TrainingSetup(gpus=3, global_batch=24, seq_len=4096)
     s = Strategy(dp=1, tp=1, pp=3, cp=1, micro_batch=1, zero=1, recompute="full", sequence_parallel=False)
-    cand, _ = _price(profile(model, cluster, setup, s), space.RUNTIME_RULES["any"], "highs", 10.0, best_s=1e-9)
+    cand, _ = _price(profile(model, cluster, setup, s), space.RUNTIME_RULES["ideal"], "highs", 10.0, best_s=1e-9)
     even = [(0, 3), (3, 6), (6, 8)]
     assert cand.bounds == tuple(even)
     fitting = [c for c in itertools.product(range(4), range(4), range(3))

@@ -111,11 +111,11 @@ def read(plan: dict) -> PlanView:
              "sequence_parallel", "schedule")
     s = {key: _get(plan, f"strategy.{key}") for key in knobs}
     t = {key: _get(plan, f"inputs.training.{key}") for key in ("gpus", "global_batch", "seq_len", "precision")}
-    from planner.runtimes import dispatcher
+    from planner.runtimes import dispatcher, record_name
     return PlanView(model=model, attention=training.get("attention", "flash"),
                     dp_overlap=strategy.get("dp_overlap", True), order=_get(plan, "placement.order"),
                     stages=tuple(stages),
-                    dispatcher=dispatcher(training.get("runtime", "any"), training.get("moe_dispatcher", "")), **t, **s)
+                    dispatcher=dispatcher(record_name(training.get("runtime", "ideal")), training.get("moe_dispatcher", "")), **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:
@@ -162,6 +162,12 @@ def check_rank_order(v: PlanView, runtime: str, orders: tuple[str, ...]) -> None
 def check_transformer(v: PlanView, runtime: str) -> None:
     require(not v.model.is_graph, runtime, "needs a transformer model spec",
             f"an explicit layer graph ({v.model.name})")
+
+
+def check_decoder(v: PlanView, runtime: str, trains: str = "trains causal decoders only") -> None:
+    """A runtime that builds the model from launch flags builds a transformer decoder."""
+    check_transformer(v, runtime)
+    require(v.model.causal, runtime, trains, f"an encoder ({v.model.name})")
 
 
 def single_recompute_policy(v: PlanView, runtime: str) -> str:

@@ -16,6 +16,8 @@ Refused, because DeepSpeed cannot run them as planned:
 - vpp > 1 (the pipeline engine has no interleaved schedule), cp > 1 (no context parallelism),
   an uneven split (Megatron-DeepSpeed's pipeline partitions transformer layers evenly);
 - full recompute of some layers only (activation checkpointing covers every layer or none);
+- an explicit layer graph or an encoder (Megatron-DeepSpeed's pretrain_gpt.py builds causal
+  GPT decoders);
 - FP8 (no FP8 training mode in the config); a global batch that is not micro_batch * dp *
   micro-batches; sequence parallel with tp 1; a rank order other than tp-cp-ep-dp-pp when dp
   and pp both exceed 1 (the pipe-data-model topology puts pipeline stages outermost).
@@ -29,6 +31,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PlanView,
     check_common,
+    check_decoder,
     check_even_split,
     check_precision,
     check_rank_order,
@@ -56,6 +59,7 @@ def export(plan: dict, fmt: str = "json") -> str:
 
 def config(v: PlanView) -> dict:
     check_common(v, RUNTIME)
+    check_decoder(v, RUNTIME, "(with Megatron-DeepSpeed's pretrain_gpt.py) trains causal decoders only")
     require(v.zero <= 1 or v.pp == 1, RUNTIME, "has no ZeRO-2/3 with pipeline parallelism (pipeline engine)",
             f"zero {v.zero} with pp {v.pp}")
     require(v.vpp == 1, RUNTIME, "has no interleaved pipeline schedule", f"vpp {v.vpp}")

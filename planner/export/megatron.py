@@ -29,7 +29,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PlanView,
     check_common,
-    check_transformer,
+    check_decoder,
     read,
     refusal,
     require,
@@ -88,13 +88,12 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
 def arguments(v: PlanView) -> list[Arg]:
     """Every argument, in a fixed order: model, parallelism, batch, recompute, optimizer, precision."""
     check_common(v, RUNTIME)
-    check_transformer(v, RUNTIME)
+    check_decoder(v, RUNTIME, "pretrain_gpt.py trains causal decoders only")
     return _model(v) + _parallel(v) + _batch(v) + _recompute(v) + _optimizer(v) + _precision(v)
 
 
 def _model(v: PlanView) -> list[Arg]:
     m = v.model
-    require(m.causal, RUNTIME, "pretrain_gpt.py trains causal decoders only", f"an encoder ({m.name})")
     require(m.ffn_act != "relu", RUNTIME, "has no plain ReLU MLP (gelu, swiglu, squared-relu, quick-geglu)",
             f"a ReLU MLP ({m.name})")
     require(m.position_embedding in POSITION_TYPES, RUNTIME, "has no ALiBi position bias",

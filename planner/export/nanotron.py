@@ -13,6 +13,7 @@ Refused, because nanotron cannot run them as planned:
   or 1), an uneven split;
 - ep > 1 (expert_parallel_size multiplies the GPU count instead of sharing the data-parallel
   ranks), any activation recomputation (v0.4 has none), FP8;
+- an explicit layer graph or an encoder (it builds causal decoders);
 - a global batch that is not micro_batch * dp * micro-batches; sequence parallel with tp 1;
 - a rank order other than tp-cp-ep-dp-pp when dp and pp both exceed 1 (ranks are ep, pp, dp, tp,
   outermost first).
@@ -24,6 +25,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PlanView,
     check_common,
+    check_decoder,
     check_even_split,
     check_rank_order,
     read,
@@ -55,6 +57,7 @@ def export(plan: dict, fmt: str = "yaml") -> str:
 
 def config(v: PlanView) -> dict[str, dict]:
     check_common(v, RUNTIME)
+    check_decoder(v, RUNTIME, "builds causal decoders only")
     require(v.vpp == 1, RUNTIME, "has no interleaved pipeline schedule", f"vpp {v.vpp}")
     require(v.cp == 1, RUNTIME, "has no context parallelism", f"cp {v.cp}")
     require(v.zero <= 1, RUNTIME, "has zero_stage 0 or 1 only", f"zero {v.zero}")

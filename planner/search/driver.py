@@ -245,7 +245,7 @@ class _Ranked:
         self.top, self.entries, self.keys = top, [], set()
 
     def add(self, cand: Candidate) -> None:
-        key = _key(cand.strategy)
+        key = strategy_key(cand.strategy)
         if key not in self.keys:
             self.keys.add(key)
             bisect.insort(self.entries, (cand.step_time_s, len(self.keys), cand))
@@ -257,7 +257,7 @@ class _Ranked:
 
     @property
     def alternatives(self) -> tuple[Candidate, ...]:
-        return tuple(sorted((c for _, _, c in self.entries[1:]), key=lambda c: (c.step_time_s, _key(c.strategy))))
+        return tuple(sorted((c for _, _, c in self.entries[1:]), key=lambda c: (c.step_time_s, strategy_key(c.strategy))))
 
     @property
     def cutoff_s(self) -> float:
@@ -333,7 +333,8 @@ class _BoundOrder:
             self.batch = min(2 * self.batch, self.MAX_BATCH)
 
 
-def _key(s: Strategy) -> tuple:
+def strategy_key(s: Strategy) -> tuple:
+    """What makes two strategies one plan (a runner-up list holds each once)."""
     return (s.dp, s.tp, s.pp, s.cp, s.ep, s.vpp, s.micro_batch, s.zero, s.recompute, s.order, s.sequence_parallel)
 
 

@@ -31,7 +31,9 @@ class TrainingSetup:
     seq_len: int
     precision: Precision = "bf16"
     attention: Attention = "flash"
-    runtime: str = "any"
+    runtime: str = "ideal"
+    """the runtime record that shapes and prices strategies (runtimes.RUNTIME_RULES; 'any', the
+    old name of 'ideal', reads as it)"""
     memory_headroom: float = 0.0
     """share of each GPU's capacity kept free (cost/memory.capacity_bytes)"""
     moe_dispatcher: str = ""
@@ -48,7 +50,8 @@ class TrainingSetup:
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
-        from planner.runtimes import RUNTIME_RULES, dispatcher_refusal, precision_refusal
+        from planner.runtimes import RUNTIME_RULES, dispatcher_refusal, precision_refusal, record_name
+        object.__setattr__(self, "runtime", record_name(self.runtime))
         if self.runtime not in RUNTIME_RULES:
             raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
         if self.moe_dispatcher not in ("", *MOE_DISPATCHERS):
