@@ -213,3 +213,15 @@ def test_a_change_from_almost_zero_has_no_infinite_percentage(tmp_path):
     result = run("check", str(path), "--json")
     assert result.returncode in (0, 1) and "Infinity" not in result.stdout
     json.loads(result.stdout)
+
+
+def test_the_distribution_name_is_not_the_unrelated_planner_on_the_package_index():
+    """Issue 13: 'planner' on the package index is another project; the distribution has its own
+    name while the import package and the command stay `planner`."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "llm-parallel-planner"
+    assert project["project"]["scripts"] == {"planner": "planner.cli:main"}
+    assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["planner"]
