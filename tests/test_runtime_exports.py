@@ -2,6 +2,7 @@
 search towards one of the refusals: ZeRO >= 2 with pipelines, interleaving, context parallelism,
 per-stage recompute counts, replication with model parallelism, uneven splits)."""
 
+import functools
 import json
 
 import pytest
@@ -155,14 +156,40 @@ def test_the_default_plan_runs_on_a_supported_runtime(model, cluster, seq, batch
     """Issue 12: without --runtime, the plan comes from the union of the supported runtimes'
     spaces; it lists where it runs, exports to each of them without refusal, and each runtime's
     own code reads the export (runtime_checks)."""
-    plan = make_plan(load_model(model), load_cluster(cluster), gpus=gpus, global_batch=batch, seq_len=seq,
-                     precision="bf16", attention="flash", runtime=SUPPORTED, constraints={}, top=0)
+    plan = _default_plan(model, cluster, seq, batch, gpus)
     runs_on = [r["runtime"] for r in plan["runnable_on"]]
     assert plan["inputs"]["training"]["runtime"] in runs_on
     for runtime in runs_on:
         assert export(plan, runtime)
         if runtime in CHECKS:
             CHECKS[runtime](plan)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_plan(model: str, cluster: str, seq: int, batch: int, gpus: int) -> dict:
+    return make_plan(load_model(model), load_cluster(cluster), gpus=gpus, global_batch=batch, seq_len=seq,
+                     precision="bf16", attention="flash", runtime=SUPPORTED, constraints={}, top=0)
+
+
+def test_no_default_plan_predicts_more_than_three_points_above_the_best_published_mfu():
+    """Issue 11: over the matrix, a plan on a GPU with calibration rows (A100-80G, H100) predicts
+    no MFU more than 3 points above the best published for that GPU and precision
+    (planner/data/best_mfu.yaml, each entry with its source)."""
+    from planner.bands import best_published_mfu
+    from planner.runs import BUNDLED, load_runs
+
+    calibrated = {r.cluster.gpu.name for r in load_runs(BUNDLED)}
+    checked = 0
+    for model, cluster, seq, batch, counts in MATRIX:
+        gpu = load_cluster(cluster).gpu.name
+        if gpu not in calibrated:
+            continue
+        best, source = best_published_mfu(gpu, "bf16")
+        for gpus in counts:
+            mfu = _default_plan(model, cluster, seq, batch, gpus)["prediction"]["mfu"]
+            assert mfu <= best + 0.03, (model, gpus, mfu, best, source)
+            checked += 1
+    assert checked == 27
 
 
 @pytest.mark.parametrize("setup", SETUPS, ids=lambda s: f"{s[0]}-{s[2]}gpu-{s[4]}")
