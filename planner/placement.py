@@ -3,8 +3,11 @@ each parallel group, and how a group spreads over nodes (hence which link tier i
 
 Worked example, order tp-cp-dp-pp with tp=2, dp=2, pp=2 (8 ranks): tp groups [0,1] [2,3] [4,5]
 [6,7]; dp groups [0,2] [1,3] [4,6] [5,7]; pp groups [0,4] [1,5] [2,6] [3,7].
-Expert parallelism (ep) is carved from the dp*cp ranks: the ep group takes the innermost ep of
-them (stride tp), and expert data parallelism the rest.
+Expert parallelism (ep) is carved from the dp*cp ranks: numbering that block innermost first (the
+one of cp and dp with the smaller stride inside), the ep group takes ep consecutive of them and
+the expert data-parallel group (edp) every ep-th (expert_layout). Megatron-Core's expert rank
+generator forms exactly these groups wherever it runs the placement (tests/test_runtime_exports.py
+compares them with megatron-core 0.16.0).
 """
 
 from __future__ import annotations
@@ -84,10 +87,43 @@ def group_of_rank0(order: str, degrees: dict[str, int], dims: tuple[str, ...]) -
     return sorted(ranks)
 
 
-def _ep_stride(st: dict[str, int], degrees: dict[str, int]) -> int:
-    """Stride of the expert group (st: the order's strides): the innermost ep ranks of the
-    dp*cp block (Megatron's expert order)."""
-    return min(st["dp"], st["cp"]) if degrees["cp"] > 1 else st["dp"]
+def expert_layout(st: dict[str, int], degrees: dict[str, int]) -> tuple[tuple, tuple] | None:
+    """Where the expert (ep) and expert data-parallel (edp) groups sit in the dp*cp block, with
+    the order's strides `st`: each as ((stride, size),), a progression of ranks, or ((a, inner),
+    (S, outer)), blocks of `inner` ranks at stride a, `outer` of them at stride S. The block's
+    ranks numbered innermost first (X the inner of cp and dp, Y the outer, degrees above 1): ep
+    takes ep consecutive of them, edp every ep-th. None when ep neither divides X's degree nor
+    is a multiple of it while X and Y do not chain (st_Y != st_X * deg_X): no such placement."""
+    ep = degrees["ep"]
+    rest = degrees["dp"] * degrees["cp"] // ep
+    dims = sorted((d for d in ("cp", "dp") if degrees[d] > 1), key=st.__getitem__)
+    if not dims:
+        return ((1, ep),), ((1, rest),)
+    x = dims[0]
+    if len(dims) == 1 or st[dims[1]] == st[x] * degrees[x]:  # one progression
+        return ((st[x], ep),), ((st[x] * ep, rest),)
+    y = dims[1]
+    (sx, dx), (sy, dy) = (st[x], degrees[x]), (st[y], degrees[y])
+    if dx % ep == 0:
+        return ((sx, ep),), (((sy, dy),) if dx == ep else ((sx * ep, dx // ep), (sy, dy)))
+    if ep % dx == 0:
+        return ((sx, dx), (sy, ep // dx)), ((sy * (ep // dx), rest),)
+    return None
+
+
+def has_expert_layout(order: str, tp: int, cp: int, dp: int, pp: int, ep: int) -> bool:
+    """Whether ep can be carved from the dp*cp block under this order (expert_layout)."""
+    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
+    return ep == 1 or expert_layout(strides(order, degrees), degrees) is not None
+
+
+def _expert(st: dict[str, int], degrees: dict[str, int], dim: str) -> tuple:
+    layout = expert_layout(st, degrees)
+    if layout is None:
+        from planner.errors import SpecError
+        raise SpecError(f"ep {degrees['ep']} cannot be carved from cp {degrees['cp']} x dp {degrees['dp']} under this "
+                        "rank order (ep must divide the inner one's degree or be a multiple of it)")
+    return layout[0] if dim == "ep" else layout[1]
 
 
 def _total(degrees: dict[str, int]) -> int:
@@ -98,11 +134,12 @@ def _span(order: str, degrees: dict[str, int], st: dict[str, int], dims: tuple[s
           gpus_per_node: int) -> Span:
     """Span of the slowest group over `dims` (see span), with the order's strides `st`."""
     total = _total(degrees)
-    if dims == ("edp",):
-        # expert data parallel: dp*cp/ep ranks, stride ep inside the dp*cp block
-        progression = _ep_stride(st, degrees) * degrees["ep"], degrees["dp"] * degrees["cp"] // degrees["ep"]
-    elif dims == ("ep",):
-        progression = _ep_stride(st, degrees), degrees["ep"]
+    if dims in (("ep",), ("edp",)):
+        layout = _expert(st, degrees, dims[0])
+        if len(layout) == 1:
+            return _run_span(*layout[0], gpus_per_node, total)
+        (a, inner), (S, outer) = layout
+        return _blocks_span(a, inner, S, outer, gpus_per_node, _expert_starts(st, degrees, dims[0], gpus_per_node))
     else:
         # a dimension of degree 1 adds no rank to the group (cp 1 beside dp, apart in the order)
         progression = _progression(st, degrees, tuple(d for d in dims if degrees[d] > 1) or dims[:1])
@@ -122,6 +159,22 @@ def _lattice_span(order: str, degrees: dict[str, int], st: dict[str, int], dims:
         if d not in dims:  # a base's place in its node: the other dimensions' offsets mod G
             starts = {(x + i * st[d]) % G for x in starts for i in range(min(degrees[d], G))}
     return _blocks_span(st[inner], degrees[inner], st[outer], degrees[outer], G, frozenset(starts))
+
+
+def _expert_starts(st: dict[str, int], degrees: dict[str, int], dim: str, G: int) -> frozenset:
+    """The places in a node (mod G) of the first ranks of every ep or edp group laid out as
+    blocks (expert_layout): the offsets of the dimensions outside the dp*cp block, plus those of
+    the block's ranks that start a group."""
+    starts = {0}
+    for d in ("tp", "pp"):
+        starts = {(x + i * st[d]) % G for x in starts for i in range(min(degrees[d], G))}
+    x, y = sorted(("cp", "dp"), key=st.__getitem__)
+    ep, (sx, dx), (sy, dy) = degrees["ep"], (st[x], degrees[x]), (st[y], degrees[y])
+    if dim == "ep":  # groups start every ep // dx blocks along y
+        firsts = [k * (ep // dx) * sy for k in range(min(dy // (ep // dx), G))]
+    else:  # groups start at each of the first ep ranks along x
+        firsts = [c * sx for c in range(min(ep, G))]
+    return frozenset((s + f) % G for s in starts for f in firsts)
 
 
 @lru_cache(maxsize=4096)
@@ -212,15 +265,14 @@ GROUPS = ("tp", "cp", "ep", "pp", "edp", "dpcp")
 
 @lru_cache(maxsize=65536)
 def group_spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, gpus_per_node: int) -> tuple[Span, ...]:
-    """Spans of the slowest group of each of GROUPS of a placement, in that order (each but
-    dpcp one progression of ranks, as in _span)."""
+    """Spans of the slowest group of each of GROUPS of a placement, in that order (as _span
+    finds them: tp, cp and pp are progressions of ranks; ep, edp and dpcp may be blocks)."""
     degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
     st = strides(order, degrees)
-    ep_stride = _ep_stride(st, degrees)
     total = tp * cp * dp * pp
-    runs = ((st["tp"], tp), (st["cp"], cp), (ep_stride, ep), (st["pp"], pp), (ep_stride * ep, dp * cp // ep))
-    return (*(_run_span(stride, size, gpus_per_node, total) for stride, size in runs),
-            _span(order, degrees, st, ("cp", "dp"), gpus_per_node))
+    return (_run_span(st["tp"], tp, gpus_per_node, total), _run_span(st["cp"], cp, gpus_per_node, total),
+            _span(order, degrees, st, ("ep",), gpus_per_node), _run_span(st["pp"], pp, gpus_per_node, total),
+            _span(order, degrees, st, ("edp",), gpus_per_node), _span(order, degrees, st, ("cp", "dp"), gpus_per_node))
 
 
 def tiers(order: str, degrees: dict[str, int], gpus_per_node: int) -> dict[str, str]:
@@ -237,10 +289,10 @@ def _members(order: str, degrees: dict[str, int], dims: tuple[str, ...]) -> list
     or 'edp' alone)."""
     st = strides(order, degrees)
     if dims in (("ep",), ("edp",)):
-        stride = _ep_stride(st, degrees)
-        if dims == ("ep",):
-            return [i * stride for i in range(degrees["ep"])]
-        return [i * stride * degrees["ep"] for i in range(degrees["dp"] * degrees["cp"] // degrees["ep"])]
+        members = [0]
+        for stride, size in _expert(st, degrees, dims[0]):
+            members = [m + i * stride for m in members for i in range(size)]
+        return sorted(members)
     members = [0]
     for dim in dims:
         members = [m + i * st[dim] for m in members for i in range(degrees[dim])]

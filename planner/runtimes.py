@@ -91,6 +91,11 @@ class RuntimeRules:
     attention: tuple[str, ...] = ("fa2",)
     """flash attention kernels it runs, preferred first (spec/measured.KERNELS): the cost model
     prices the first one the GPU has a measured table of (cost/compute.attention_time_s)"""
+    pp_outermost_unless_cp_is_ep: bool = False
+    """with pipeline stages, a rank order that does not end in pp runs only where the expert
+    data-parallel size dp*cp/ep equals dp, that is cp == ep (megatron-core 0.16.0
+    initialize_model_parallel asserts order.endswith('pp') or pp == 1 or expert dp == dp; its
+    expert rank generator forms the expert groups with cp 1 inside the same order)"""
     pp_defers_sharding: bool = False
     """under pipeline stages its ZeRO-2/3 (FSDP2) keeps the weights gathered and the gradients
     unsharded across a step's micro-batches and reduce-scatters once, after the last backward:
@@ -128,11 +133,18 @@ class RuntimeRules:
             return f"unequal virtual chunks ({model.layers} layers over {s.pp * s.vpp} chunks)"
         if self.uneven_split == "none" and model.layers % s.pp:
             return f"unequal stages ({model.layers} layers over {s.pp})"
-        if s.order not in self.orders:
+        if s.order not in self.orders and s.dp > 1 and s.pp > 1:  # the orders differ only then
             return f"rank order {s.order} (it places ranks {' or '.join(self.orders)})"
+        if not self.order_runs(s.order, s.cp, s.pp, s.ep):
+            return (f"rank order {s.order} with pipeline stages and cp {s.cp} != ep {s.ep} (the expert groups "
+                    "need pp outermost)")
         if self.recompute_counts == "all" and s.recompute == "full" and s.recompute_layers is not None:
             return f"full recomputation of some layers only (recompute_layers {s.recompute_layers})"
         return None
+
+    def order_runs(self, order: str, cp: int, pp: int, ep: int) -> bool:
+        """Whether the rank order places these degrees (pp_outermost_unless_cp_is_ep)."""
+        return not self.pp_outermost_unless_cp_is_ep or pp == 1 or order.endswith("pp") or cp == ep
 
     def fixed_split(self, pp, vpp):
         """Whether the even split is the only split: one stage, interleaving (equal virtual
@@ -154,7 +166,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
                              tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                              # validate_args: "Expert parallelism is not supported with fp16 training."
-                             ep_precisions=("bf16", "fp8")),
+                             ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, layers split evenly (pp divides them), activation checkpointing of "

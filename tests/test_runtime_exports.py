@@ -265,3 +265,48 @@ def test_a_model_no_runtime_builds_is_planned_in_the_ideal_space_with_a_note():
     assert plan["inputs"]["training"]["runtime"] == "ideal" and plan["inputs"]["runtimes"] == []
     assert plan["runnable_on"] == []
     assert any("no supported runtime builds" in n for n in plan["notes"])
+
+
+# ------------------------------------------------------------------ Megatron-Core's rank generator
+
+def _megatron_generators(tp, cp, dp, pp, ep, order):
+    """The dense and expert RankGenerators megatron-core 0.16.0's initialize_model_parallel builds
+    (expert tensor parallel = tp, expert data parallel = world / (tp * ep * pp), cp 1)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no Transformer Engine or Apex on CPU
+        from megatron.core.parallel_state import RankGenerator
+    world = tp * cp * dp * pp
+    dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order)
+    expert = RankGenerator(tp=tp, ep=ep, dp=world // (tp * ep * pp), pp=pp, cp=1, order=order)
+    return dense, expert
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 3, 4, 8]),
+       st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4, 8]), st.sampled_from(RUNTIME_RULES["megatron"].orders))
+def test_megatron_cores_rank_generator_forms_the_groups_the_plan_prices(tp, cp, dp, pp, ep, order):
+    """Issue 12: for every rank order the Megatron record lets the search use, the groups the
+    planner prices (placement.rank_groups: tp, cp, dp, pp, the dp x cp gradient group, the
+    expert group carved from dp x cp and the expert data-parallel rest) are exactly those
+    megatron-core 0.16.0's RankGenerator forms; a placement the record refuses is one
+    initialize_model_parallel rejects (its two assertions)."""
+    from planner.placement import rank_groups
+    if (dp * cp) % ep:
+        return  # ep divides dp * cp (the search's rule)
+    dense, expert = _megatron_generators(tp, cp, dp, pp, ep, order)
+    pp_last_ok = order.endswith("pp") or pp == 1 or (cp * dp) // ep == dp
+    same_pp = dense.get_ranks("pp") == expert.get_ranks("pp")
+    runs = RUNTIME_RULES["megatron"].order_runs(order, cp, pp, ep)
+    assert runs == (pp_last_ok and same_pp)
+    if not runs:
+        return
+    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
+
+    def ours(dim):
+        return sorted(rank_groups(order, degrees, dim))
+
+    for dim, theirs in (("tp", dense.get_ranks("tp")), ("cp", dense.get_ranks("cp")), ("dp", dense.get_ranks("dp")),
+                        ("pp", dense.get_ranks("pp")), ("dpcp", dense.get_ranks("dp-cp")),
+                        ("ep", expert.get_ranks("ep")), ("edp", expert.get_ranks("dp"))):
+        assert ours(dim) == sorted(sorted(g) for g in theirs), dim

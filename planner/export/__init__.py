@@ -9,27 +9,14 @@ from __future__ import annotations
 
 from planner.errors import ExportError
 from planner.export import deepspeed, megatron, nanotron, torchtitan
+from planner.export.common import check_record, read
+from planner.runtimes import RUNTIME_RULES
 
-EXPORTERS = {
-    "megatron": megatron.export,
-    "deepspeed": deepspeed.export,
-    "torchtitan": torchtitan.export,
-    "nanotron": nanotron.export,
-}
-FORMATS = {
-    "megatron": megatron.FORMATS,
-    "deepspeed": deepspeed.FORMATS,
-    "torchtitan": torchtitan.FORMATS,
-    "nanotron": nanotron.FORMATS,
-}
+MODULES = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan, "nanotron": nanotron}
+EXPORTERS = {name: module.export for name, module in MODULES.items()}
+FORMATS = {name: module.FORMATS for name, module in MODULES.items()}
 """formats of each runtime; the first is the default"""
-
-CHECKED_AGAINST = {
-    "megatron": megatron.CHECKED_AGAINST,
-    "deepspeed": deepspeed.CHECKED_AGAINST,
-    "torchtitan": torchtitan.CHECKED_AGAINST,
-    "nanotron": nanotron.CHECKED_AGAINST,
-}
+CHECKED_AGAINST = {name: module.CHECKED_AGAINST for name, module in MODULES.items()}
 """the runtime version each exporter's output was checked against"""
 
 __all__ = ["CHECKED_AGAINST", "EXPORTERS", "FORMATS", "ExportError", "export", "runnable_on"]
@@ -44,7 +31,10 @@ def export(plan: dict, runtime: str, fmt: str | None = None) -> str:
         fmt = formats[0]
     if fmt not in formats:
         raise ExportError(f"{runtime} exports as {', '.join(formats)}; not {fmt!r}")
-    return EXPORTERS[runtime](plan, fmt)
+    text = EXPORTERS[runtime](plan, fmt)
+    if runtime in RUNTIME_RULES:  # and at least what the runtime's record refuses (search and estimate read it)
+        check_record(read(plan), runtime, MODULES[runtime].RUNTIME)
+    return text
 
 
 def runnable_on(plan: dict) -> list[dict]:
@@ -52,9 +42,9 @@ def runnable_on(plan: dict) -> list[dict]:
     refusal (each refusal is what that runtime cannot run), with the version the output was
     checked against. A plan lists them under runnable_on."""
     out = []
-    for runtime, exporter in EXPORTERS.items():
+    for runtime in EXPORTERS:
         try:
-            exporter(plan, FORMATS[runtime][0])
+            export(plan, runtime)
         except ExportError:
             continue
         out.append({"runtime": runtime, "checked_against": CHECKED_AGAINST[runtime]})

@@ -164,6 +164,19 @@ def check_transformer(v: PlanView, runtime: str) -> None:
             f"an explicit layer graph ({v.model.name})")
 
 
+def check_record(v: PlanView, record: str, runtime: str) -> None:
+    """What the runtime's capability record (planner/runtimes.py) refuses of the plan's strategy,
+    the record the search and `estimate --runtime` read: an exporter refuses at least that."""
+    from planner.runtimes import RUNTIME_RULES
+    from planner.spec.training import Strategy
+    s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
+                 recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
+                 schedule=v.schedule, order=v.order)
+    why = RUNTIME_RULES[record].refusal(s, v.model)
+    if why:
+        raise ExportError(f"cannot export to {runtime}: {runtime} does not run {why}")
+
+
 def check_decoder(v: PlanView, runtime: str, trains: str = "trains causal decoders only") -> None:
     """A runtime that builds the model from launch flags builds a transformer decoder."""
     check_transformer(v, runtime)

@@ -41,7 +41,7 @@ from planner.cost.step import (
     state_shards,
     zero_traffic_s,
 )
-from planner.placement import group_spans
+from planner.placement import group_spans, has_expert_layout
 from planner.search import space
 from planner.search.contexts import KINDS, Table, affine, layout_coef, registry
 from planner.search.floors import (
@@ -154,6 +154,8 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
             for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules, setup.precision):
                 placed = set()
                 for o, order in enumerate(orders):
+                    if not rules.order_runs(order, cp, pp, ep) or not has_expert_layout(order, tp, cp, dp, pp, ep):
+                        continue
                     spans = group_spans(order, tp, cp, dp, pp, ep, g)
                     duplicate = spans in placed  # another rank order that places every group alike
                     placed.add(spans)

@@ -119,6 +119,15 @@ def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
         return problems + below_one
     if (s.dp * s.cp) % s.ep:
         problems.append(f"ep ({s.ep}) must divide dp*cp ({s.dp * s.cp})")
+    elif s.ep > 1:
+        from planner.placement import has_expert_layout
+        try:
+            laid_out = has_expert_layout(s.order, s.tp, s.cp, s.dp, s.pp, s.ep)
+        except SpecError:
+            laid_out = True  # an order that is no order: placement says so where it reads it
+        if not laid_out:
+            problems.append(f"ep ({s.ep}) cannot be carved from cp ({s.cp}) x dp ({s.dp}) under order {s.order}: ep "
+                            "must divide the inner one's degree or be a multiple of it")
     if setup.global_batch % (s.dp * s.micro_batch):
         problems.append(f"global batch ({setup.global_batch}) must be divisible by dp*micro_batch ({s.dp}*{s.micro_batch})")
     if s.zero not in (0, 1, 2, 3):
