@@ -253,6 +253,69 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
         report.err.print(f"written to {output}", markup=False, highlight=False)
 
 
+_RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "ideal", "any"]
+
+
+@cli.command()
+@click.option("--model", "-m", "model_ref", required=True, help="preset name, our YAML, or a config.json")
+@click.option("--cluster", "-c", "cluster_refs", required=True, multiple=True,
+              help="preset name or cluster YAML (repeat for several)")
+@click.option("--gpus", required=True, help="GPU count, list 512,1024 or range 512-4096")
+@click.option("--global-batch", "global_batches", type=click.IntRange(1, MAX_GLOBAL_BATCH), required=True,
+              multiple=True, help="sequences per step (repeat for several)")
+@click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), help="sequence length (default: the model's)")
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True)
+@click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True)
+@click.option("--runtime", type=click.Choice(_RUNTIMES), default="supported", show_default=True)
+@click.option("--tokens", type=float, help="tokens to train on (or --steps)")
+@click.option("--steps", type=click.IntRange(1, None), help="optimizer steps to run (or --tokens)")
+@click.option("--gpu-hour-price", type=float, help="price of one GPU-hour (else the cluster's price_per_gpu_hour)")
+@click.option("--pue", type=float, help="power usage effectiveness (else the cluster's pue, else 1)")
+@click.option("--failure-rate", type=float, default=None,
+              help="interruptions per GPU-hour  [default: Llama 3 405B's, Dubey et al. 2024]")
+@click.option("--storage-gbps", type=float, default=None, help="aggregate checkpoint write GB/s  [default: 2000]")
+@click.option("--storage-node-gbps", type=float, default=None, help="checkpoint write GB/s per node  [default: 25]")
+@click.option("--async-checkpoint", is_flag=True, help="checkpoints block only for the copy out of GPU memory")
+@click.option("--host-copy-gbps", type=float, default=None, help="device-to-host GB/s per GPU  [default: 25]")
+@click.option("--restart-s", type=float, default=None, help="seconds from a failure to training again  [default: 600]")
+@_headroom_option(DEFAULT_HEADROOM)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the CSV or JSON here (atomically)")
+def forecast(model_ref, cluster_refs, gpus, global_batches, seq_len, precision, attention, runtime, tokens, steps,
+             gpu_hour_price, pue, failure_rate, storage_gbps, storage_node_gbps, async_checkpoint, host_copy_gbps,
+             restart_s, memory_headroom, fmt, output):
+    """A whole training run: days, GPU-hours, cost, energy and goodput under failures, per
+    cluster, GPU count and batch (the best plan's step time; planner/forecast.py)."""
+    import json
+
+    from planner import report
+    from planner.forecast import FAILURE_PRESET, RunInputs, csv_text, forecast_document
+    from planner.plan import rounded, write_atomic
+    from planner.spec.hardware import load_cluster
+    from planner.spec.model import load_model
+
+    model = load_model(model_ref)
+    clusters = [load_cluster(ref) for ref in cluster_refs]
+    given = {"failure_rate_per_gpu_hour": failure_rate, "storage_aggregate_GBps": storage_gbps,
+             "storage_node_GBps": storage_node_gbps, "host_copy_GBps": host_copy_gbps, "restart_s": restart_s}
+    inputs = RunInputs(tokens=tokens, steps=steps, price_per_gpu_hour=gpu_hour_price, pue=pue,
+                       async_checkpoint=async_checkpoint,
+                       failure_events=FAILURE_PRESET["events"] if failure_rate is None else None,
+                       **{k: v for k, v in given.items() if v is not None})
+    with report.progress("forecasting", delay_s=1.0) as step:
+        doc = rounded(forecast_document(model, clusters, gpus, list(global_batches), seq_len, precision, attention,
+                                        runtime, inputs, memory_headroom, progress=step))
+    text = csv_text(doc) if fmt == "csv" else json.dumps(doc, sort_keys=True, indent=2) + "\n"
+    if output:
+        write_atomic(output, text)
+    if fmt == "table":
+        report.forecast_table(doc)
+    elif not output:
+        click.echo(text, nl=False)
+    if output:
+        report.err.print(f"written to {output}", markup=False, highlight=False)
+
+
 @cli.command()
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the rank groups as JSON on stdout")

@@ -174,6 +174,33 @@ def sweep_table(doc: dict) -> None:
     err.print(t)
 
 
+def forecast_table(doc: dict) -> None:
+    """The forecast's rows (one per cluster, GPU count and batch), the front marked *, then the
+    diminishing returns and the assumptions."""
+    t = Table(title=esc(f"forecast: {doc['inputs']['model']}"), title_justify="left")
+    cols = ("", "cluster", "GPUs", "batch", "days (10-90 %)", "GPU-hours", "cost", "energy MWh", "goodput",
+            "MFU", "dominant")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("cluster", "dominant") else "right")
+    for r in doc["rows"]:
+        if "infeasible" in r:
+            t.add_row("", esc(r["cluster"]), str(r["gpus"]), str(r["global_batch"]), "-", "-", "-", "-", "-", "-",
+                      f"[red]{esc(r['infeasible'])}[/red]")
+            continue
+        lo, hi = r["days_band"]
+        t.add_row("*" if r["front"] else "", esc(r["cluster"]), str(r["gpus"]), str(r["global_batch"]),
+                  f"{r['days']:.1f} ({lo:.1f}-{hi:.1f})", f"{r['gpu_hours']:,.0f}",
+                  f"{r['cost']:,.0f}" if "cost" in r else "-",
+                  f"{r['energy_mwh']:,.0f}" if "energy_mwh" in r else "-", f"{r['goodput'] * 100:.1f} %",
+                  f"{r['mfu'] * 100:.1f} %", r["dominant"])
+    err.print(t)
+    for k in doc["diminishing_returns"]:
+        err.print(f"{k['cluster']}, batch {k['global_batch']}: past {k['gpus']} GPUs, doubling them shortens the "
+                  "run by less than 1.2x", markup=False, highlight=False)
+    for note in doc["notes"]:
+        err.print(f"[yellow]note:[/yellow] {esc(note)}")
+
+
 def ranks_table(plan: dict, groups: dict | None = None) -> None:
     from planner.plan import rank_groups_of
     groups = groups or rank_groups_of(plan)

@@ -30,6 +30,9 @@ class Gpu:
     source: str = ""
     measured: Measured | None = None
     """kernel microbenchmarks (spec/measured.py); None: the family's typical figures"""
+    tdp_w: float | None = None
+    """the board power the vendor rates the part at (W): forecasts price energy as GPU-hours x
+    tdp_w x PUE, the convention of published model cards; None: unknown"""
 
     def flops(self, precision: str) -> float:
         table = dict(self.peak_flops)
@@ -44,6 +47,8 @@ class Gpu:
              "tflops": {p: v / 1e12 for p, v in self.peak_flops}, "family": self.family, "source": self.source}
         if self.measured is not None:
             d["measured"] = self.measured.to_dict()
+        if self.tdp_w is not None:
+            d["tdp_w"] = self.tdp_w
         return d
 
     @classmethod
@@ -61,7 +66,8 @@ class Gpu:
         gpu = cls(name=name, memory_bytes=gib_to_bytes(f.float("memory_gib")),
                   hbm_Bps=GBps_to_Bps(f.float("hbm_GBps")), peak_flops=peaks,
                   family=f.choice("family", FAMILIES, guess_family(name, dict(peaks))),
-                  source=f.str("source", ""), measured=Measured.from_fields(m) if m is not None else None)
+                  source=f.str("source", ""), measured=Measured.from_fields(m) if m is not None else None,
+                  tdp_w=f.float("tdp_w", None))
         f.reject_unknown()
         fastest = max((t.points[k][1] for t in gpu.measured.attention for k in range(len(t.points))), default=0.0) \
             if gpu.measured else 0.0
@@ -127,11 +133,19 @@ class Cluster:
     inter_node: LinkTier
     efficiency: Efficiency | LegacyEfficiency
     source: str = ""
+    price_per_gpu_hour: float | None = None
+    """what one GPU-hour costs on this cluster (any currency; forecast's cost), None: not given"""
+    pue: float | None = None
+    """power usage effectiveness of its data centre (forecast's energy: GPU power x PUE), None: 1"""
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "gpu": self.gpu.to_dict(), "gpus_per_node": self.gpus_per_node,
-                "intra_node": self.intra_node.to_dict(), "inter_node": self.inter_node.to_dict(),
-                "efficiency": asdict(self.efficiency), "source": self.source}
+        d = {"name": self.name, "gpu": self.gpu.to_dict(), "gpus_per_node": self.gpus_per_node,
+             "intra_node": self.intra_node.to_dict(), "inter_node": self.inter_node.to_dict(),
+             "efficiency": asdict(self.efficiency), "source": self.source}
+        for key in ("price_per_gpu_hour", "pue"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        return d
 
     @classmethod
     def from_dict(cls, data: dict, where: str) -> "Cluster":
@@ -149,7 +163,9 @@ class Cluster:
         eff = f.sub("efficiency")
         cluster = cls(name=f.str("name", "cluster"), gpu=gpu, gpus_per_node=f.int("gpus_per_node"),
                       intra_node=LinkTier.from_fields(intra), inter_node=LinkTier.from_fields(inter),
-                      efficiency=_efficiency(eff, gpu), source=f.str("source", ""))
+                      efficiency=_efficiency(eff, gpu), source=f.str("source", ""),
+                      price_per_gpu_hour=f.float("price_per_gpu_hour", None, positive=False),
+                      pue=f.float("pue", None, minimum=1.0, positive=False))
         f.reject_unknown()
         return cluster
 

@@ -1,0 +1,307 @@
+"""Capacity planning: a whole training run from the best plan's step time (`planner forecast`).
+
+Time. steps = ceil(tokens / (global batch x sequence length)) (or --steps); the failure-free
+run takes steps x step time, W seconds of work.
+
+Failures. Interruptions arrive as a Poisson process at `rate` per GPU-hour (FAILURE_PRESET:
+Dubey et al. 2024, the Llama 3 405B run), so the job's mean time between failures is
+M = 3600 / (rate x GPUs) s. Every tau seconds of work the job writes a checkpoint, which takes
+delta (the plan's weights and optimizer states, 14 bytes a parameter, at the write bandwidth the
+job gets, min(aggregate, nodes x per node); asynchronous writes block only for the copy out of
+GPU memory). A failure costs the restart R and the work since the last checkpoint. With
+failures possible at any moment (during checkpoints and restarts too) the expected wall time of
+W seconds of work is exactly (Daly 2006, Future Gener. Comput. Syst. 22, eq. 13)
+
+    T(tau) = M e^{R/M} (e^{(tau + delta)/M} - 1) W / tau,        goodput G = W / T,
+
+largest where e^{(tau+delta)/M} (1 - tau/M) = 1, that is at
+tau* = M (1 + W0(-e^{-(1 + delta/M)})), W0 the principal branch of Lambert's W (Young's and
+Daly's sqrt(2 delta M) is its first order). tests/test_forecast.py checks tau* against a seeded
+discrete-event simulation.
+
+Money and energy. GPU-hours = wall time x GPUs; cost = GPU-hours x price per GPU-hour; energy =
+GPU-hours x the GPU's rated power (tdp_w) x PUE, the convention of published model cards (no
+utilisation model: the GPUs are taken at their rated power throughout).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scipy.special import lambertw
+
+from planner.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
+from planner.errors import SpecError
+
+CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES + OPTIMIZER_BYTES
+"""16-bit weights plus fp32 master weights and Adam's two moments, as distributed checkpoints of
+Megatron-LM and torchtitan hold them"""
+
+FAILURE_PRESET = {
+    "rate_per_gpu_hour": 419 / (54 * 24 * 16384),
+    "events": 419,
+    "source": "Dubey et al. 2024 (Llama 3 Herd of Models) sec. 3.3.4: 419 unexpected interruptions in a 54-day "
+              "snapshot of pre-training on 16,384 H100 GPUs (466 in all, 47 planned)",
+}
+"""interruptions per GPU-hour from a published large run; comparisons with that run are in-sample"""
+STORAGE_PRESET = {
+    "aggregate_GBps": 2000.0,
+    "source": "Dubey et al. 2024 sec. 3.3.1: Meta's Tectonic file system for Llama 3 sustains 2 TB/s (7 TB/s peak)",
+}
+NODE_WRITE_GBPS = 25.0
+"""per-node checkpoint write bandwidth assumed where the cluster states none (two 100 Gb/s storage
+NICs): an assumption, set --storage-node-gbps"""
+HOST_COPY_GBPS = 25.0
+"""device-to-host copy an asynchronous checkpoint blocks for, per GPU (PCIe Gen4 x16 carries 32 GB/s
+a direction; about 25 in practice): an assumption, set --host-copy-gbps"""
+RESTART_S = 600.0
+"""time from a failure to training again (detect, reschedule, load the checkpoint): an assumption,
+the source reports none; set --restart-s"""
+BAND_Z = 1.2816
+"""the 10th/90th percentile of a normal: the failure rate's band from its Poisson count"""
+
+
+@dataclass(frozen=True, slots=True)
+class RunInputs:
+    """What a forecast needs besides the plan."""
+
+    tokens: float | None = None
+    steps: int | None = None
+    price_per_gpu_hour: float | None = None
+    pue: float | None = None
+    """None: the cluster's (else 1)"""
+    failure_rate_per_gpu_hour: float = FAILURE_PRESET["rate_per_gpu_hour"]
+    failure_events: int | None = FAILURE_PRESET["events"]
+    """how many events the rate was counted from (its band); None: no band"""
+    storage_aggregate_GBps: float = STORAGE_PRESET["aggregate_GBps"]
+    storage_node_GBps: float = NODE_WRITE_GBPS
+    async_checkpoint: bool = False
+    host_copy_GBps: float = HOST_COPY_GBPS
+    restart_s: float = RESTART_S
+
+    def __post_init__(self) -> None:
+        if (self.tokens is None) == (self.steps is None):
+            raise SpecError("forecast needs exactly one of --tokens and --steps")
+        for name in ("tokens", "steps", "storage_aggregate_GBps", "storage_node_GBps", "host_copy_GBps"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise SpecError(f"{name.replace('_', '-')} must be a positive number, got {value!r}")
+        for name in ("price_per_gpu_hour", "failure_rate_per_gpu_hour", "restart_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise SpecError(f"{name.replace('_', '-')} must be a number >= 0, got {value!r}")
+        if self.pue is not None and not (math.isfinite(self.pue) and self.pue >= 1.0):
+            raise SpecError(f"pue must be a number >= 1, got {self.pue!r}")
+
+
+def optimal_interval_s(mtbf_s: float, checkpoint_s: float) -> float:
+    """tau* = M (1 + W0(-e^{-(1 + delta/M)})): the work between checkpoints that maximises goodput
+    (module doc); infinite without failures."""
+    if not math.isfinite(mtbf_s):
+        return math.inf
+    if checkpoint_s <= 0:
+        return 0.0
+    w = lambertw(-math.exp(-(1.0 + checkpoint_s / mtbf_s)), 0).real
+    return mtbf_s * (1.0 + w)
+
+
+def goodput(interval_s: float, mtbf_s: float, checkpoint_s: float, restart_s: float) -> float:
+    """W / T(tau) = tau / (M e^{R/M} (e^{(tau+delta)/M} - 1)) (module doc); 1 without failures."""
+    if not math.isfinite(mtbf_s):
+        return 1.0
+    if interval_s <= 0:
+        return 0.0
+    m = mtbf_s
+    return interval_s / (m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m))
+
+
+def checkpoint_s(params: float, gpus: int, gpus_per_node: int, inputs: RunInputs) -> float:
+    """Seconds a checkpoint blocks training: the whole state at the bandwidth the job gets
+    (min(aggregate, nodes x per node)); asynchronous, each GPU's shard copied out of its memory."""
+    total = params * CHECKPOINT_BYTES_PER_PARAM
+    if inputs.async_checkpoint:
+        return total / gpus / (inputs.host_copy_GBps * 1e9)
+    nodes = -(-gpus // gpus_per_node)
+    return total / (min(inputs.storage_aggregate_GBps, nodes * inputs.storage_node_GBps) * 1e9)
+
+
+def _run(step_s: float, steps: int, gpus: int, mtbf_s: float, ckpt_s: float, restart_s: float) -> dict:
+    work_s = step_s * steps
+    tau = optimal_interval_s(mtbf_s, ckpt_s)
+    g = goodput(tau, mtbf_s, ckpt_s, restart_s)
+    wall_s = work_s / g if g > 0 else math.inf
+    return {"work_s": work_s, "interval_s": tau, "goodput": g, "wall_s": wall_s, "gpu_hours": wall_s * gpus / 3600}
+
+
+def forecast_row(plan: dict, params: float, gpus_per_node: int, tdp_w: float | None, inputs: RunInputs,
+                 cluster_price: float | None = None, cluster_pue: float | None = None) -> dict:
+    """One configuration's whole run from its plan document (planner.plan/v2): days, GPU-hours,
+    cost, energy, tokens/s, MFU, goodput and the checkpoint interval, each with its band (the
+    step time's 10-90 % band; goodput also the failure rate's), and the dominant term."""
+    tr, pr = plan["inputs"]["training"], plan["prediction"]
+    gpus, tokens_per_step = tr["gpus"], tr["global_batch"] * tr["seq_len"]
+    steps = inputs.steps if inputs.steps is not None else math.ceil(inputs.tokens / tokens_per_step)
+    rate = inputs.failure_rate_per_gpu_hour
+    mtbf = 3600.0 / (rate * gpus) if rate > 0 else math.inf
+    ckpt = checkpoint_s(params, gpus, gpus_per_node, inputs)
+    step = pr["step_time_s"]
+    mid = _run(step, steps, gpus, mtbf, ckpt, inputs.restart_s)
+    lo_step, hi_step = pr["band"]["step_time_s"] if "band" in pr else (step, step)
+    spread = BAND_Z / math.sqrt(inputs.failure_events) if inputs.failure_events else 0.0
+    best = _run(lo_step, steps, gpus, 3600.0 / (rate * (1 - spread) * gpus) if rate > 0 else math.inf, ckpt,
+                inputs.restart_s)
+    worst = _run(hi_step, steps, gpus, 3600.0 / (rate * (1 + spread) * gpus) if rate > 0 else math.inf, ckpt,
+                 inputs.restart_s)
+    price = inputs.price_per_gpu_hour if inputs.price_per_gpu_hour is not None else cluster_price
+    pue = inputs.pue if inputs.pue is not None else (cluster_pue if cluster_pue is not None else 1.0)
+
+    def band(key, scale=1.0):
+        return [best[key] * scale, worst[key] * scale]
+
+    row = {
+        "cluster": plan["inputs"]["cluster"]["name"], "gpu": plan["inputs"]["cluster"]["gpu"]["name"], "gpus": gpus,
+        "global_batch": tr["global_batch"], "seq_len": tr["seq_len"], "runtime": tr["runtime"],
+        "strategy": plan["strategy"], "steps": steps, "tokens": steps * tokens_per_step,
+        "step_time_s": step, "days": mid["wall_s"] / 86400, "days_band": band("wall_s", 1 / 86400),
+        "gpu_hours": mid["gpu_hours"], "gpu_hours_band": band("gpu_hours"),
+        "tokens_per_s": steps * tokens_per_step / mid["wall_s"], "mfu": pr["mfu"],
+        "goodput": mid["goodput"], "goodput_band": [worst["goodput"], best["goodput"]],
+        "mtbf_h": mtbf / 3600, "checkpoint_s": ckpt, "checkpoint_interval_s": mid["interval_s"],
+        "dominant": dominant_term(pr["breakdown_s"], mid["goodput"]),
+    }
+    if price is not None:
+        row["cost"], row["cost_band"] = mid["gpu_hours"] * price, band("gpu_hours", price)
+    if tdp_w is not None:
+        kwh = tdp_w / 1000 * pue
+        row["energy_mwh"], row["energy_mwh_band"] = mid["gpu_hours"] * kwh / 1000, band("gpu_hours", kwh / 1000)
+    return row
+
+
+TERMS = {"compute": ("compute", "recompute", "optimizer"), "bubble": ("bubble",),
+         "exposed communication": ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm_exposed")}
+"""the step's terms, grouped as forecast names what dominates a run"""
+
+
+def dominant_term(breakdown_s: dict, goodput_fraction: float) -> str:
+    """The largest share of a run's wall time: compute, pipeline bubble, exposed communication,
+    or failures (the share goodput loses)."""
+    step = sum(breakdown_s.values())
+    shares = {name: sum(breakdown_s.get(k, 0.0) for k in keys) / step * goodput_fraction
+              for name, keys in TERMS.items()}
+    shares["failures"] = 1.0 - goodput_fraction
+    return max(shares, key=shares.get)
+
+
+def pareto_front(points: list[tuple[float, float] | None]) -> list[bool]:
+    """Which points (time, cost; None: infeasible) no other point matches or beats in both with
+    one strictly better: equal points are all on the front."""
+    out = []
+    for i, p in enumerate(points):
+        if p is None:
+            out.append(False)
+            continue
+        out.append(not any(q is not None and q[0] <= p[0] and q[1] <= p[1] and q != p for q in points))
+    return out
+
+
+def diminishing_return_gpus(rows: list[dict], ratio: float = 1.2) -> int | None:
+    """The least GPU count past which doubling the GPUs shortens the run by less than `ratio`x,
+    among rows of one cluster and batch that have a row at twice their count (None: none)."""
+    days = {r["gpus"]: r["days"] for r in rows if "days" in r}
+    for n in sorted(days):
+        if 2 * n in days and days[n] / days[2 * n] < ratio:
+            return n
+    return None
+
+
+SCHEMA = "planner.forecast/v1"
+
+
+def forecast_document(model, clusters: list, gpus: str, global_batches: list[int], seq_len: int | None,
+                      precision: str, attention: str, runtime: str, inputs: RunInputs,
+                      memory_headroom: float, progress=None) -> dict:
+    """planner.forecast/v1: one row per cluster x GPU count x global batch (the best plan's run,
+    or why the configuration has none), the time-cost Pareto front marked, and per cluster and
+    batch the GPU count past which doubling gives less than 1.2x."""
+    from planner import __version__
+    from planner.errors import PlannerError
+    from planner.graph import model_params
+    from planner.planning import make_plan, sweep
+    from planner.spec.training import parse_gpu_counts
+
+    params = float(model_params(model))
+    rows, knees = [], []
+    for cluster in clusters:
+        counts = parse_gpu_counts(gpus, cluster.gpus_per_node)
+        for batch in global_batches:
+            request = dict(model=model, cluster=cluster, global_batch=batch, seq_len=seq_len, precision=precision,
+                           attention=attention, runtime=runtime, constraints={}, top=0,
+                           memory_headroom=memory_headroom)
+            if len(counts) == 1:
+                try:
+                    entries = [{"gpus": counts[0], "plan": make_plan(gpus=counts[0], **request)}]
+                except PlannerError as e:
+                    entries = [{"gpus": counts[0], "infeasible": str(e)}]
+            else:
+                entries = sweep(request, counts, progress=progress)
+            series = []
+            for e in entries:
+                if "plan" in e:
+                    row = forecast_row(e["plan"], params, cluster.gpus_per_node, cluster.gpu.tdp_w, inputs,
+                                       cluster.price_per_gpu_hour, cluster.pue)
+                    series.append(row)
+                else:
+                    row = {"cluster": cluster.name, "gpu": cluster.gpu.name, "gpus": e["gpus"], "global_batch": batch,
+                           "infeasible": e["infeasible"]}
+                rows.append(row)
+            knee = diminishing_return_gpus(series)
+            if knee is not None:
+                knees.append({"cluster": cluster.name, "global_batch": batch, "gpus": knee})
+    priced = all("cost" in r for r in rows if "days" in r)
+    points = [((r["days"], r["cost"] if priced else r["gpu_hours"]) if "days" in r else None) for r in rows]
+    for row, on in zip(rows, pareto_front(points)):
+        row["front"] = on
+    notes = [f"failure rate {inputs.failure_rate_per_gpu_hour:.3g} per GPU-hour"
+             + (f" ({FAILURE_PRESET['source']}; a forecast of that run is in-sample)"
+                if inputs.failure_rate_per_gpu_hour == FAILURE_PRESET["rate_per_gpu_hour"] else "")]
+    if inputs.async_checkpoint:
+        notes.append(f"asynchronous checkpoints block for the device-to-host copy at {inputs.host_copy_GBps:g} GB/s "
+                     "per GPU" + (" (assumed)" if inputs.host_copy_GBps == HOST_COPY_GBPS else ""))
+    else:
+        notes.append(f"checkpoints written at min({inputs.storage_aggregate_GBps:g} GB/s, nodes x "
+                     f"{inputs.storage_node_GBps:g} GB/s)"
+                     + (f" ({STORAGE_PRESET['source']})" if inputs.storage_aggregate_GBps == STORAGE_PRESET[
+                         "aggregate_GBps"] else "")
+                     + (" (per node: assumed)" if inputs.storage_node_GBps == NODE_WRITE_GBPS else ""))
+    if inputs.restart_s == RESTART_S:
+        notes.append(f"restart after a failure {RESTART_S:g} s (assumed; --restart-s)")
+    notes.append("the front is " + ("days against cost" if priced else "days against GPU-hours (no price given)"))
+    return {"schema": SCHEMA, "planner_version": __version__,
+            "inputs": {"model": model.name, "clusters": [c.name for c in clusters], "gpus": gpus,
+                       "global_batches": list(global_batches), "seq_len": seq_len or model.seq_len,
+                       "precision": precision, "runtime": runtime, "tokens": inputs.tokens, "steps": inputs.steps,
+                       "price_per_gpu_hour": inputs.price_per_gpu_hour, "pue": inputs.pue,
+                       "failure_rate_per_gpu_hour": inputs.failure_rate_per_gpu_hour,
+                       "async_checkpoint": inputs.async_checkpoint, "restart_s": inputs.restart_s},
+            "rows": rows, "diminishing_returns": knees, "notes": notes}
+
+
+CSV_COLUMNS = ("cluster", "gpu", "gpus", "global_batch", "seq_len", "runtime", "steps", "step_time_s", "days",
+               "days_low", "days_high", "gpu_hours", "cost", "energy_mwh", "goodput", "checkpoint_interval_s",
+               "tokens_per_s", "mfu", "dominant", "front", "infeasible")
+
+
+def csv_text(doc: dict) -> str:
+    """The rows as CSV (one line each; bands as their low and high ends)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for r in doc["rows"]:
+        flat = dict(r, days_low=r.get("days_band", [None, None])[0], days_high=r.get("days_band", [None, None])[1])
+        writer.writerow(["" if flat.get(c) is None else f"{flat[c]:.6g}" if isinstance(flat[c], float) else flat[c]
+                         for c in CSV_COLUMNS])
+    return out.getvalue()
