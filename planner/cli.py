@@ -281,19 +281,31 @@ _RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "ideal", "any"]
 @_headroom_option(DEFAULT_HEADROOM)
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the CSV or JSON here (atomically)")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
+              help="draw time and cost against GPUs to FILE.png or FILE.svg (needs the plot extra)")
 def forecast(model_ref, cluster_refs, gpus, global_batches, seq_len, precision, attention, runtime, tokens, steps,
              gpu_hour_price, pue, failure_rate, storage_gbps, storage_node_gbps, async_checkpoint, host_copy_gbps,
-             restart_s, memory_headroom, fmt, output):
+             restart_s, memory_headroom, fmt, output, plot_file):
     """A whole training run: days, GPU-hours, cost, energy and goodput under failures, per
     cluster, GPU count and batch (the best plan's step time; planner/forecast.py)."""
     import json
 
     from planner import report
+    from planner.errors import SpecError
     from planner.forecast import FAILURE_PRESET, RunInputs, csv_text, forecast_document
     from planner.plan import rounded, write_atomic
     from planner.spec.hardware import load_cluster
     from planner.spec.model import load_model
 
+    if plot_file:  # refuse a plot it cannot draw before the sweep runs
+        from planner.plots import FORMATS
+        suffix = str(plot_file).rsplit(".", 1)[-1].lower() if "." in str(plot_file) else ""
+        if suffix not in FORMATS:
+            raise SpecError(f"--plot {plot_file}: expected a .png or .svg file")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SpecError("--plot needs matplotlib: pip install 'llm-parallel-planner[plot]'") from None
     model = load_model(model_ref)
     clusters = [load_cluster(ref) for ref in cluster_refs]
     given = {"failure_rate_per_gpu_hour": failure_rate, "storage_aggregate_GBps": storage_gbps,
@@ -308,6 +320,10 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, seq_len, precision, 
     text = csv_text(doc) if fmt == "csv" else json.dumps(doc, sort_keys=True, indent=2) + "\n"
     if output:
         write_atomic(output, text)
+    if plot_file:
+        from planner.plots import forecast_figure
+        write_atomic(plot_file, forecast_figure(doc, suffix))
+        report.err.print(f"plot written to {plot_file}", markup=False, highlight=False)
     if fmt == "table":
         report.forecast_table(doc)
     elif not output:

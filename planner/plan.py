@@ -121,7 +121,7 @@ def dumps(doc: dict) -> str:
     return json.dumps(doc, sort_keys=True, indent=2) + "\n"
 
 
-def write_atomic(path, text: str) -> None:
+def write_atomic(path, text: str | bytes) -> None:
     """Write `text` as users expect of -o: '-' is stdout; a FIFO or a character device is written
     directly; a regular file (new, or through a symlink to it: the link stays) via a temporary
     file in its folder renamed over it, so a failed run leaves the old file whole. A new file
@@ -129,7 +129,10 @@ def write_atomic(path, text: str) -> None:
     written (no such folder, read-only, a folder) is one SpecError line."""
     from planner.errors import SpecError
     if str(path) == "-":
-        sys.stdout.write(text)
+        if isinstance(text, bytes):
+            sys.stdout.buffer.write(text)
+        else:
+            sys.stdout.write(text)
         sys.stdout.flush()
         return
     shown = path
@@ -142,7 +145,7 @@ def write_atomic(path, text: str) -> None:
         raise SpecError(f"{shown}: cannot write ({e.strerror})") from None
     if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)):
         try:
-            with open(path, "w") as f:
+            with open(path, "wb" if isinstance(text, bytes) else "w") as f:
                 f.write(text)
         except OSError as e:
             raise SpecError(f"{shown}: cannot write ({e.strerror})") from None
@@ -156,7 +159,7 @@ def write_atomic(path, text: str) -> None:
         raise SpecError(f"{shown}: cannot write ({reason})") from None
     try:
         os.fchmod(fd, stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask())
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.replace(tmp, path)
     except OSError as e:

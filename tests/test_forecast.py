@@ -148,3 +148,46 @@ def test_bad_input_is_one_line_and_exit_2(flag, value):
     result = run(*args)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_purchase_sweep_writes_a_plot_that_reads_back(tmp_path):
+    """Three clusters, 64-8192 GPUs doubling, one plot (matplotlib, the plot extra: CI installs
+    it); the PNG reads back as an image of the size drawn."""
+    import matplotlib.image
+
+    out = tmp_path / "sweep.png"
+    result = run("forecast", "--model", "llama3-70b", "--cluster", "dgx-h100", "--cluster", "dgx-a100-80g",
+                 "--cluster", "dgx-b200", "--gpus", "64-8192:x2", "--global-batch", "1024", "--seq-len", "8192",
+                 "--tokens", "2e12", "--format", "json", "--plot", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert sorted({r["gpus"] for r in doc["rows"]}) == [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    image = matplotlib.image.imread(str(out))
+    assert image.shape[0] > 200 and image.shape[1] > 400
+
+
+def test_a_plot_without_the_extra_is_one_line_naming_it(tmp_path):
+    from conftest import one_error_line
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('not installed')\n")
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(REPO)]))
+    result = subprocess.run([sys.executable, "-m", "planner", *LLAMA_405B, "--plot", str(tmp_path / "x.png")],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert "[plot]" in one_error_line(result)
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_a_geometric_gpu_range_doubles_from_its_low_end():
+    from planner.errors import SpecError
+    from planner.spec.training import parse_gpu_counts
+    assert parse_gpu_counts("64-8192:x2", 8) == [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert parse_gpu_counts("8-100:x3", 8) == [8, 24, 72]
+    for bad in ("64-8192:x1", "64-8192:x", "0-8:x2", "8-4:x2", "8-2000000:x2"):
+        with pytest.raises(SpecError):
+            parse_gpu_counts(bad, 8)

@@ -209,10 +209,23 @@ def check_gpu_count(gpus: int, gpus_per_node: int) -> None:
 
 
 def parse_gpu_counts(text: str, gpus_per_node: int, limit: int = MAX_SWEEP_COUNTS) -> list[int]:
-    """'512', '512,1024,2048' or '512-4096' (every whole-node count in the range), each at most
-    MAX_GPUS, at most `limit` of them (both checked before any list is built)."""
+    """'512', '512,1024,2048', '512-4096' (every whole-node count in the range) or '64-8192:x2'
+    (LO, then each count times the factor, up to HI: a purchase sweep), each at most MAX_GPUS, at
+    most `limit` of them (both checked before any list is built)."""
     try:
-        if "-" in text:
+        if ":x" in text:
+            span, factor = text.split(":x", 1)
+            lo, hi = (int(x) for x in span.split("-", 1))
+            k = int(factor)
+            if lo < 1 or hi < lo or k < 2:
+                raise ValueError
+            _check_gpus(text, hi)
+            counts = []
+            n = lo
+            while n <= hi:
+                counts.append(n)
+                n *= k
+        elif "-" in text:
             lo, hi = (int(x) for x in text.split("-", 1))
             if lo < 1 or hi < lo:
                 raise ValueError
@@ -229,7 +242,8 @@ def parse_gpu_counts(text: str, gpus_per_node: int, limit: int = MAX_SWEEP_COUNT
                 raise SpecError(f"--gpus {text!r} lists {len(parts):,} counts; at most {limit:,} per sweep")
             counts = sorted({int(x) for x in parts})
     except ValueError:
-        raise SpecError(f"--gpus {text!r}: expected a count, a list (512,1024) or a range (512-4096)") from None
+        raise SpecError(f"--gpus {text!r}: expected a count, a list (512,1024), a range (512-4096) or a geometric "
+                        "range (64-8192:x2)") from None
     if not counts or min(counts) < 1:
         raise SpecError(f"--gpus {text!r}: no positive GPU count in it" if "-" not in text else
                         f"--gpus {text!r}: no count in it fills whole nodes of {gpus_per_node} GPUs")
