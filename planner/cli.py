@@ -261,8 +261,11 @@ _RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "ideal", "any"]
 @click.option("--cluster", "-c", "cluster_refs", required=True, multiple=True,
               help="preset name or cluster YAML (repeat for several)")
 @click.option("--gpus", required=True, help="GPU count, list 512,1024 or range 512-4096")
-@click.option("--global-batch", "global_batches", type=click.IntRange(1, MAX_GLOBAL_BATCH), required=True,
-              multiple=True, help="sequences per step (repeat for several)")
+@click.option("--global-batch", "global_batches", type=click.IntRange(1, MAX_GLOBAL_BATCH), multiple=True,
+              help="sequences per step (repeat for several; or --schedule)")
+@click.option("--schedule", "schedule_text",
+              help="batch and sequence phases BATCHxSEQ:UNTIL_TOKENS,...,BATCHxSEQ (the last runs to --tokens), "
+                   "e.g. Llama 3's 1024x4096:252e6,1024x8192:2.87e12,2048x8192")
 @click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), help="sequence length (default: the model's)")
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True)
 @click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True)
@@ -283,7 +286,8 @@ _RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "ideal", "any"]
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the CSV or JSON here (atomically)")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="draw time and cost against GPUs to FILE.png or FILE.svg (needs the plot extra)")
-def forecast(model_ref, cluster_refs, gpus, global_batches, seq_len, precision, attention, runtime, tokens, steps,
+def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_len, precision, attention, runtime,
+             tokens, steps,
              gpu_hour_price, pue, failure_rate, storage_gbps, storage_node_gbps, async_checkpoint, host_copy_gbps,
              restart_s, memory_headroom, fmt, output, plot_file):
     """A whole training run: days, GPU-hours, cost, energy and goodput under failures, per
@@ -306,6 +310,10 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, seq_len, precision, 
             import matplotlib  # noqa: F401
         except ImportError:
             raise SpecError("--plot needs matplotlib: pip install 'llm-parallel-planner[plot]'") from None
+    if bool(global_batches) == bool(schedule_text):
+        raise SpecError("forecast needs --global-batch or --schedule (one of them)")
+    from planner.forecast import parse_schedule
+    schedule = parse_schedule(schedule_text) if schedule_text else None
     model = load_model(model_ref)
     clusters = [load_cluster(ref) for ref in cluster_refs]
     given = {"failure_rate_per_gpu_hour": failure_rate, "storage_aggregate_GBps": storage_gbps,
@@ -316,7 +324,7 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, seq_len, precision, 
                        **{k: v for k, v in given.items() if v is not None})
     with report.progress("forecasting", delay_s=1.0) as step:
         doc = rounded(forecast_document(model, clusters, gpus, list(global_batches), seq_len, precision, attention,
-                                        runtime, inputs, memory_headroom, progress=step))
+                                        runtime, inputs, memory_headroom, progress=step, schedule=schedule))
     text = csv_text(doc) if fmt == "csv" else json.dumps(doc, sort_keys=True, indent=2) + "\n"
     if output:
         write_atomic(output, text)

@@ -126,56 +126,113 @@ def checkpoint_s(params: float, gpus: int, gpus_per_node: int, inputs: RunInputs
     return total / (min(inputs.storage_aggregate_GBps, nodes * inputs.storage_node_GBps) * 1e9)
 
 
-def _run(step_s: float, steps: int, gpus: int, mtbf_s: float, ckpt_s: float, restart_s: float) -> dict:
-    work_s = step_s * steps
+def _run(work_s: float, gpus: int, mtbf_s: float, ckpt_s: float, restart_s: float) -> dict:
     tau = optimal_interval_s(mtbf_s, ckpt_s)
     g = goodput(tau, mtbf_s, ckpt_s, restart_s)
     wall_s = work_s / g if g > 0 else math.inf
     return {"work_s": work_s, "interval_s": tau, "goodput": g, "wall_s": wall_s, "gpu_hours": wall_s * gpus / 3600}
 
 
-def forecast_row(plan: dict, params: float, gpus_per_node: int, tdp_w: float | None, inputs: RunInputs,
-                 cluster_price: float | None = None, cluster_pue: float | None = None) -> dict:
-    """One configuration's whole run from its plan document (planner.plan/v2): days, GPU-hours,
-    cost, energy, tokens/s, MFU, goodput and the checkpoint interval, each with its band (the
-    step time's 10-90 % band; goodput also the failure rate's), and the dominant term."""
-    tr, pr = plan["inputs"]["training"], plan["prediction"]
-    gpus, tokens_per_step = tr["gpus"], tr["global_batch"] * tr["seq_len"]
-    steps = inputs.steps if inputs.steps is not None else math.ceil(inputs.tokens / tokens_per_step)
+def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: int, tdp_w: float | None,
+                 inputs: RunInputs, cluster_price: float | None = None, cluster_pue: float | None = None) -> dict:
+    """One configuration's whole run from its plan documents (planner.plan/v2), each with the
+    steps it runs (one, or one per phase of a schedule): days, GPU-hours, cost, energy, tokens/s,
+    MFU, goodput and the checkpoint interval, each with its band (the step times' 10-90 % bands;
+    goodput also the failure rate's), and the dominant term."""
+    plans = [p for p, _ in phases]
+    tr = plans[-1]["inputs"]["training"]
+    gpus = tr["gpus"]
     rate = inputs.failure_rate_per_gpu_hour
-    mtbf = 3600.0 / (rate * gpus) if rate > 0 else math.inf
-    ckpt = checkpoint_s(params, gpus, gpus_per_node, inputs)
-    step = pr["step_time_s"]
-    mid = _run(step, steps, gpus, mtbf, ckpt, inputs.restart_s)
-    lo_step, hi_step = pr["band"]["step_time_s"] if "band" in pr else (step, step)
     spread = BAND_Z / math.sqrt(inputs.failure_events) if inputs.failure_events else 0.0
-    best = _run(lo_step, steps, gpus, 3600.0 / (rate * (1 - spread) * gpus) if rate > 0 else math.inf, ckpt,
-                inputs.restart_s)
-    worst = _run(hi_step, steps, gpus, 3600.0 / (rate * (1 + spread) * gpus) if rate > 0 else math.inf, ckpt,
-                 inputs.restart_s)
+
+    def mtbf(scale: float) -> float:
+        return 3600.0 / (rate * scale * gpus) if rate > 0 else math.inf
+
+    ckpt = checkpoint_s(params, gpus, gpus_per_node, inputs)
+    work = [p["prediction"]["step_time_s"] * n for p, n in phases]
+    lows = [p["prediction"].get("band", {}).get("step_time_s", [p["prediction"]["step_time_s"]] * 2)
+            for p in plans]
+    mid = _run(sum(work), gpus, mtbf(1.0), ckpt, inputs.restart_s)
+    best = _run(sum(lo * n for (lo, _), (_, n) in zip(lows, phases)), gpus, mtbf(1 - spread), ckpt, inputs.restart_s)
+    worst = _run(sum(hi * n for (_, hi), (_, n) in zip(lows, phases)), gpus, mtbf(1 + spread), ckpt, inputs.restart_s)
     price = inputs.price_per_gpu_hour if inputs.price_per_gpu_hour is not None else cluster_price
     pue = inputs.pue if inputs.pue is not None else (cluster_pue if cluster_pue is not None else 1.0)
+    tokens = sum(p["inputs"]["training"]["global_batch"] * p["inputs"]["training"]["seq_len"] * n for p, n in phases)
+    share = [w / sum(work) for w in work]
+    breakdown: dict = {}
+    for p, s in zip(plans, share):
+        step = p["prediction"]["step_time_s"]
+        for k, v in p["prediction"]["breakdown_s"].items():
+            breakdown[k] = breakdown.get(k, 0.0) + v / step * s
 
     def band(key, scale=1.0):
         return [best[key] * scale, worst[key] * scale]
 
     row = {
-        "cluster": plan["inputs"]["cluster"]["name"], "gpu": plan["inputs"]["cluster"]["gpu"]["name"], "gpus": gpus,
-        "global_batch": tr["global_batch"], "seq_len": tr["seq_len"], "runtime": tr["runtime"],
-        "strategy": plan["strategy"], "steps": steps, "tokens": steps * tokens_per_step,
-        "step_time_s": step, "days": mid["wall_s"] / 86400, "days_band": band("wall_s", 1 / 86400),
-        "gpu_hours": mid["gpu_hours"], "gpu_hours_band": band("gpu_hours"),
-        "tokens_per_s": steps * tokens_per_step / mid["wall_s"], "mfu": pr["mfu"],
+        "cluster": plans[-1]["inputs"]["cluster"]["name"], "gpu": plans[-1]["inputs"]["cluster"]["gpu"]["name"],
+        "gpus": gpus, "global_batch": tr["global_batch"], "seq_len": tr["seq_len"], "runtime": tr["runtime"],
+        "strategy": plans[-1]["strategy"], "steps": sum(n for _, n in phases), "tokens": tokens,
+        "step_time_s": plans[-1]["prediction"]["step_time_s"], "days": mid["wall_s"] / 86400,
+        "days_band": band("wall_s", 1 / 86400), "gpu_hours": mid["gpu_hours"], "gpu_hours_band": band("gpu_hours"),
+        "tokens_per_s": tokens / mid["wall_s"], "mfu": sum(p["prediction"]["mfu"] * s for p, s in zip(plans, share)),
         "goodput": mid["goodput"], "goodput_band": [worst["goodput"], best["goodput"]],
-        "mtbf_h": mtbf / 3600, "checkpoint_s": ckpt, "checkpoint_interval_s": mid["interval_s"],
-        "dominant": dominant_term(pr["breakdown_s"], mid["goodput"]),
+        "mtbf_h": mtbf(1.0) / 3600, "checkpoint_s": ckpt, "checkpoint_interval_s": mid["interval_s"],
+        "dominant": dominant_term(breakdown, mid["goodput"]),
     }
+    if len(phases) > 1:
+        row["phases"] = [{"global_batch": p["inputs"]["training"]["global_batch"],
+                          "seq_len": p["inputs"]["training"]["seq_len"], "steps": n,
+                          "step_time_s": p["prediction"]["step_time_s"], "runtime": p["inputs"]["training"]["runtime"],
+                          "strategy": p["strategy"]} for p, n in phases]
     if price is not None:
         row["cost"], row["cost_band"] = mid["gpu_hours"] * price, band("gpu_hours", price)
     if tdp_w is not None:
         kwh = tdp_w / 1000 * pue
         row["energy_mwh"], row["energy_mwh_band"] = mid["gpu_hours"] * kwh / 1000, band("gpu_hours", kwh / 1000)
     return row
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One phase of a batch and sequence-length schedule: its global batch (sequences), sequence
+    length, and the cumulative tokens at which it ends (None: the run's end)."""
+
+    global_batch: int
+    seq_len: int
+    until_tokens: float | None = None
+
+
+def parse_schedule(text: str) -> list[Phase]:
+    """'BATCHxSEQ:UNTIL,BATCHxSEQ:UNTIL,...,BATCHxSEQ': each phase trains BATCH sequences of SEQ
+    tokens a step until the run has seen UNTIL tokens in all (the last runs to --tokens). Llama
+    3 405B's (Dubey et al. 2024 sec. 3.4.1): '1024x4096:252e6,1024x8192:2.87e12,2048x8192'."""
+    phases, last = [], 0.0
+    parts = text.split(",")
+    for i, part in enumerate(parts):
+        shape, _, until = part.strip().partition(":")
+        try:
+            batch, seq = (int(x) for x in shape.lower().split("x"))
+            end = float(until) if until else None
+        except ValueError:
+            raise SpecError(f"--schedule {text!r}: phase {part!r} is not BATCHxSEQ[:TOKENS]") from None
+        if batch < 1 or seq < 1:
+            raise SpecError(f"--schedule {text!r}: phase {part!r} needs a positive batch and sequence length")
+        if (end is None) != (i == len(parts) - 1):
+            raise SpecError(f"--schedule {text!r}: every phase but the last ends at a token count (BATCHxSEQ:TOKENS), "
+                            "the last runs to --tokens")
+        if end is not None and not (math.isfinite(end) and end > last):
+            raise SpecError(f"--schedule {text!r}: phase ends must grow (got {until} after {last:g})")
+        phases.append(Phase(batch, seq, end))
+        last = end if end is not None else last
+    return phases
+
+
+def phase_steps(phases: list[Phase], tokens: float) -> list[int]:
+    """Steps each phase runs to reach `tokens` in all (a phase's tokens rounded up to whole steps)."""
+    bounds = [0.0] + [p.until_tokens for p in phases[:-1]] + [tokens]
+    if tokens <= bounds[-2]:
+        raise SpecError(f"--tokens {tokens:g}: the schedule's last phase starts at {bounds[-2]:g} tokens")
+    return [math.ceil((b - a) / (p.global_batch * p.seq_len)) for p, a, b in zip(phases, bounds, bounds[1:])]
 
 
 TERMS = {"compute": ("compute", "recompute", "optimizer"), "bubble": ("bubble",),
@@ -220,7 +277,7 @@ SCHEMA = "planner.forecast/v1"
 
 def forecast_document(model, clusters: list, gpus: str, global_batches: list[int], seq_len: int | None,
                       precision: str, attention: str, runtime: str, inputs: RunInputs,
-                      memory_headroom: float, progress=None) -> dict:
+                      memory_headroom: float, progress=None, schedule: list[Phase] | None = None) -> dict:
     """planner.forecast/v1: one row per cluster x GPU count x global batch (the best plan's run,
     or why the configuration has none), the time-cost Pareto front marked, and per cluster and
     batch the GPU count past which doubling gives less than 1.2x."""
@@ -232,32 +289,50 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
 
     params = float(model_params(model))
     rows, knees = [], []
+    # each configuration's phases: (global batch, sequence, steps or None: from the tokens)
+    if schedule:
+        steps = phase_steps(schedule, inputs.tokens) if inputs.tokens is not None else None
+        if steps is None:
+            raise SpecError("--schedule needs --tokens (the last phase runs to it)")
+        configurations = [[(p.global_batch, p.seq_len, n) for p, n in zip(schedule, steps)]]
+    else:
+        seq = seq_len or model.seq_len
+        configurations = [[(b, seq, inputs.steps if inputs.steps is not None else math.ceil(inputs.tokens / (b * seq)))]
+                          for b in global_batches]
     for cluster in clusters:
         counts = parse_gpu_counts(gpus, cluster.gpus_per_node)
-        for batch in global_batches:
-            request = dict(model=model, cluster=cluster, global_batch=batch, seq_len=seq_len, precision=precision,
-                           attention=attention, runtime=runtime, constraints={}, top=0,
-                           memory_headroom=memory_headroom)
-            if len(counts) == 1:
-                try:
-                    entries = [{"gpus": counts[0], "plan": make_plan(gpus=counts[0], **request)}]
-                except PlannerError as e:
-                    entries = [{"gpus": counts[0], "infeasible": str(e)}]
-            else:
-                entries = sweep(request, counts, progress=progress)
-            series = []
-            for e in entries:
-                if "plan" in e:
-                    row = forecast_row(e["plan"], params, cluster.gpus_per_node, cluster.gpu.tdp_w, inputs,
-                                       cluster.price_per_gpu_hour, cluster.pue)
-                    series.append(row)
+        for phases in configurations:
+            per_phase = []
+            for batch, seq, _ in phases:
+                request = dict(model=model, cluster=cluster, global_batch=batch, seq_len=seq, precision=precision,
+                               attention=attention, runtime=runtime, constraints={}, top=0,
+                               memory_headroom=memory_headroom)
+                if len(counts) == 1:
+                    try:
+                        entries = [{"gpus": counts[0], "plan": make_plan(gpus=counts[0], **request)}]
+                    except PlannerError as e:
+                        entries = [{"gpus": counts[0], "infeasible": str(e)}]
                 else:
-                    row = {"cluster": cluster.name, "gpu": cluster.gpu.name, "gpus": e["gpus"], "global_batch": batch,
-                           "infeasible": e["infeasible"]}
+                    entries = sweep(request, counts, progress=progress)
+                per_phase.append(entries)
+            series = []
+            for k, n in enumerate(counts):
+                found = [entries[k] for entries in per_phase]
+                missing = [(ph, e) for ph, e in zip(phases, found) if "plan" not in e]
+                if missing:
+                    (batch, seq, _), e = missing[0]
+                    why = e["infeasible"] if len(phases) == 1 else f"phase {batch}x{seq}: {e['infeasible']}"
+                    row = {"cluster": cluster.name, "gpu": cluster.gpu.name, "gpus": n, "global_batch": phases[-1][0],
+                           "infeasible": why}
+                else:
+                    row = forecast_row([(e["plan"], ph[2]) for ph, e in zip(phases, found)], params,
+                                       cluster.gpus_per_node, cluster.gpu.tdp_w, inputs, cluster.price_per_gpu_hour,
+                                       cluster.pue)
+                    series.append(row)
                 rows.append(row)
             knee = diminishing_return_gpus(series)
             if knee is not None:
-                knees.append({"cluster": cluster.name, "global_batch": batch, "gpus": knee})
+                knees.append({"cluster": cluster.name, "global_batch": phases[-1][0], "gpus": knee})
     priced = all("cost" in r for r in rows if "days" in r)
     points = [((r["days"], r["cost"] if priced else r["gpu_hours"]) if "days" in r else None) for r in rows]
     for row, on in zip(rows, pareto_front(points)):
@@ -280,6 +355,7 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
     return {"schema": SCHEMA, "planner_version": __version__,
             "inputs": {"model": model.name, "clusters": [c.name for c in clusters], "gpus": gpus,
                        "global_batches": list(global_batches), "seq_len": seq_len or model.seq_len,
+                       "schedule": [[p.global_batch, p.seq_len, p.until_tokens] for p in schedule or []],
                        "precision": precision, "runtime": runtime, "tokens": inputs.tokens, "steps": inputs.steps,
                        "price_per_gpu_hour": inputs.price_per_gpu_hour, "pue": inputs.pue,
                        "failure_rate_per_gpu_hour": inputs.failure_rate_per_gpu_hour,

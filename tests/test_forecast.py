@@ -191,3 +191,28 @@ def test_a_geometric_gpu_range_doubles_from_its_low_end():
     for bad in ("64-8192:x1", "64-8192:x", "0-8:x2", "8-4:x2", "8-2000000:x2"):
         with pytest.raises(SpecError):
             parse_gpu_counts(bad, 8)
+
+
+def test_a_schedule_reads_its_phases_and_steps_each_to_its_token_count():
+    from planner.errors import SpecError
+    from planner.forecast import Phase, parse_schedule, phase_steps
+    phases = parse_schedule("1024x4096:252e6,1024x8192:2.87e12,2048x8192")
+    assert phases == [Phase(1024, 4096, 252e6), Phase(1024, 8192, 2.87e12), Phase(2048, 8192, None)]
+    steps = phase_steps(phases, 15.6e12)
+    assert steps == [math.ceil(252e6 / (1024 * 4096)), math.ceil((2.87e12 - 252e6) / (1024 * 8192)),
+                     math.ceil((15.6e12 - 2.87e12) / (2048 * 8192))]
+    for bad in ("1024x4096,2048x8192", "1024x4096:5e9,2048x8192:1e9,4096x8192", "x4096", "0x4096",
+                "1024x4096:9e9,2048x8192:5e9,1x1", "1024x4096:1e9,2048x8192:3"):
+        with pytest.raises(SpecError):
+            parse_schedule(bad)
+    with pytest.raises(SpecError):
+        phase_steps(parse_schedule("1024x4096:20e12,2048x8192"), 15.6e12)
+
+
+def test_a_one_phase_schedule_is_the_plain_forecast():
+    plain = json.loads(run("forecast", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64",
+                           "--global-batch", "512", "--seq-len", "8192", "--tokens", "1e11", "--format", "json").stdout)
+    scheduled = json.loads(run("forecast", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64",
+                               "--schedule", "512x8192", "--tokens", "1e11", "--format", "json").stdout)
+    keys = ("days", "gpu_hours", "energy_mwh", "goodput", "steps", "mfu", "days_band")
+    assert {k: plain["rows"][0][k] for k in keys} == {k: scheduled["rows"][0][k] for k in keys}
