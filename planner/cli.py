@@ -206,8 +206,9 @@ def calibrate(runs_file, cluster_name, output):
 @_headroom_option(DEFAULT_HEADROOM)
 @click.option("--json", "as_json", is_flag=True, help="print exactly one JSON document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here (atomically)")
+@click.option("--dask", help="run a sweep on the Dask cluster at this scheduler address (the dask extra)")
 def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, moe_dispatcher, solver,
-         time_limit_s, top, show_ranks, memory_headroom, as_json, output, **knobs):
+         time_limit_s, top, show_ranks, memory_headroom, as_json, output, dask, **knobs):
     """Search the strategy space and write the best plan (strategy flags are constraints)."""
     from planner import report
     from planner.errors import InfeasibleError
@@ -233,7 +234,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
             doc = make_plan(gpus=counts[0], progress=step, **request)
     else:
         with report.progress("sweeping", delay_s=1.0) as step:
-            entries = sweep(request, counts, progress=step)
+            entries = sweep(request, counts, progress=step, dask=dask)
         doc = sweep_document(entries)
         if not any("plan" in e for e in entries):
             raise InfeasibleError("no GPU count of the sweep has a feasible plan: "
@@ -286,10 +287,11 @@ _RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "ideal", "any"]
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the CSV or JSON here (atomically)")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="draw time and cost against GPUs to FILE.png or FILE.svg (needs the plot extra)")
+@click.option("--dask", help="run the sweeps on the Dask cluster at this scheduler address (the dask extra)")
 def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_len, precision, attention, runtime,
              tokens, steps,
              gpu_hour_price, pue, failure_rate, storage_gbps, storage_node_gbps, async_checkpoint, host_copy_gbps,
-             restart_s, memory_headroom, fmt, output, plot_file):
+             restart_s, memory_headroom, fmt, output, plot_file, dask):
     """A whole training run: days, GPU-hours, cost, energy and goodput under failures, per
     cluster, GPU count and batch (the best plan's step time; planner/forecast.py)."""
     import json
@@ -324,7 +326,8 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_l
                        **{k: v for k, v in given.items() if v is not None})
     with report.progress("forecasting", delay_s=1.0) as step:
         doc = rounded(forecast_document(model, clusters, gpus, list(global_batches), seq_len, precision, attention,
-                                        runtime, inputs, memory_headroom, progress=step, schedule=schedule))
+                                        runtime, inputs, memory_headroom, progress=step, schedule=schedule,
+                                        dask=dask))
     text = csv_text(doc) if fmt == "csv" else json.dumps(doc, sort_keys=True, indent=2) + "\n"
     if output:
         write_atomic(output, text)

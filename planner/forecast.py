@@ -277,7 +277,8 @@ SCHEMA = "planner.forecast/v1"
 
 def forecast_document(model, clusters: list, gpus: str, global_batches: list[int], seq_len: int | None,
                       precision: str, attention: str, runtime: str, inputs: RunInputs,
-                      memory_headroom: float, progress=None, schedule: list[Phase] | None = None) -> dict:
+                      memory_headroom: float, progress=None, schedule: list[Phase] | None = None,
+                      dask: str | None = None) -> dict:
     """planner.forecast/v1: one row per cluster x GPU count x global batch (the best plan's run,
     or why the configuration has none), the time-cost Pareto front marked, and per cluster and
     batch the GPU count past which doubling gives less than 1.2x."""
@@ -313,7 +314,7 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
                     except PlannerError as e:
                         entries = [{"gpus": counts[0], "infeasible": str(e)}]
                 else:
-                    entries = sweep(request, counts, progress=progress)
+                    entries = sweep(request, counts, progress=progress, dask=dask)
                 per_phase.append(entries)
             series = []
             for k, n in enumerate(counts):

@@ -351,16 +351,40 @@ def _chunks(counts: list[int], global_batch: int, size: int) -> list[list[int]]:
     return sorted(chunks, key=lambda c: -sum(weight[n] for n in c))
 
 
-def sweep(request: dict, counts: list[int], progress=None, workers: int | None = None) -> list[dict]:
+def _dask_client(address: str):
+    """A client of the Dask cluster at `address` (SpecError naming the extra when dask.distributed
+    is not installed, or the address when nothing answers there)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise SpecError("--dask needs dask.distributed: pip install 'llm-parallel-planner[dask]'") from None
+    try:
+        return Client(address, timeout=10)
+    except (OSError, TimeoutError) as e:
+        raise SpecError(f"--dask {address}: no Dask scheduler answers there ({e.__class__.__name__})") from None
+
+
+def sweep(request: dict, counts: list[int], progress=None, workers: int | None = None,
+          dask: str | None = None) -> list[dict]:
     """One plan (or the reason there is none) per GPU count, searched in parallel processes (as
-    many as cores, at most 8) in chunks of counts whose bounds are computed together; the
-    entries come back in the order of `counts`."""
+    many as cores, at most 8), or on the Dask cluster at `dask`, in chunks of counts whose bounds
+    are computed together; the entries come back in the order of `counts`, whoever computed
+    them (each chunk's entries are a pure function of the request and its counts)."""
     import os
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     workers = workers or min(8, os.cpu_count() or 1, len(counts))
     chunks = _chunks(counts, request["global_batch"], SWEEP_CHUNK)
     entries: dict[int, dict] = {}
+    if dask:
+        with _dask_client(dask) as client:
+            from distributed import as_completed as dask_completed
+            futures = [client.submit(_sweep_chunk, request, chunk, pure=False) for chunk in chunks]
+            for future in dask_completed(futures):
+                entries.update((e["gpus"], e) for e in future.result())
+                if progress:
+                    progress(len(entries), len(counts), f"{len(entries)} of {len(counts)} counts")
+        return [entries[n] for n in counts]
     if workers <= 1:
         for chunk in chunks:
             if progress:
