@@ -10,7 +10,8 @@ the cost model's step time (cost/pipeline.py). The stages couple through T and U
 more on a stage that is not the bottleneck lengthens its backward, which hides more of its
 data-parallel reduction (a lower tail), at the price of sum t / v; choosing each stage's
 cheapest feasible r on its own misses that. With `uniform` (Megatron: one recompute-num-layers
-for every stage) a one-hot y[R] picks R and stage i takes min(R, n_i).
+for every stage) stage i takes min(R, n_i) for one R: a choice of one integer, so every R is
+priced and the least taken (exact, no solver; a one-hot y[R] in the CBC form says the same).
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: i
         return None
     if solver not in SOLVERS:
         raise SolverError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
+    if uniform is not None:
+        return _uniform_best(options, microbatches, vpp, uniform)
     if solver == "highs":
         found = _recompute_highs(options, microbatches, vpp, uniform, time_limit_s)
         if found is None:
@@ -164,6 +167,19 @@ def _recompute_highs(options, microbatches: int, vpp: int, uniform, time_limit_s
     x = h.getSolution().col_value
     chosen = tuple(max((r for r in o if x[col[i, r]] > 0.5), default=min(o)) for i, o in enumerate(options))
     return chosen, h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+
+
+def _uniform_best(options, microbatches: int, vpp: int, uniform: list[int]) -> IlpResult | None:
+    """The one R (stage i recomputing min(R, n_i) layers, each fitting) of least step time, the
+    least R among equals; None when no R fits every stage."""
+    best = None
+    for R in range(max(uniform) + 1):
+        chosen = tuple(min(R, n) for n in uniform)
+        if all(r in o for r, o in zip(chosen, options)):
+            objective = _objective(options, chosen, microbatches, vpp)
+            if best is None or objective < best.objective:
+                best = IlpResult(recompute_layers=chosen, objective=objective, optimal=True)
+    return best
 
 
 def _objective(options, chosen, microbatches: int, vpp: int) -> float:
