@@ -177,6 +177,7 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
         "tokens_per_s": tokens / mid["wall_s"], "mfu": sum(p["prediction"]["mfu"] * s for p, s in zip(plans, share)),
         "goodput": mid["goodput"], "goodput_band": [worst["goodput"], best["goodput"]],
         "mtbf_h": mtbf(1.0) / 3600, "checkpoint_s": ckpt, "checkpoint_interval_s": mid["interval_s"],
+        "failures_expected": mid["wall_s"] / mtbf(1.0), "lost_gpu_hours": mid["gpu_hours"] * (1 - mid["goodput"]),
         "dominant": dominant_term(breakdown, mid["goodput"]),
     }
     if len(phases) > 1:

@@ -216,3 +216,23 @@ def test_a_one_phase_schedule_is_the_plain_forecast():
                                "--schedule", "512x8192", "--tokens", "1e11", "--format", "json").stdout)
     keys = ("days", "gpu_hours", "energy_mwh", "goodput", "steps", "mfu", "days_band")
     assert {k: plain["rows"][0][k] for k in keys} == {k: scheduled["rows"][0][k] for k in keys}
+
+
+def test_a_clusters_own_price_and_pue_price_the_run_and_flags_override_them(tmp_path):
+    import yaml
+    from planner.presets import resolve
+
+    spec = yaml.safe_load(resolve("dgx-h100", "hardware/clusters", "cluster").read_text())
+    spec.update(name="priced-h100", price_per_gpu_hour=3.0, pue=1.2)
+    path = tmp_path / "priced.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    args = ("forecast", "-m", "llama3-8b", "-c", str(path), "--gpus", "64", "--global-batch", "512", "--seq-len", "8192",
+            "--tokens", "1e11", "--format", "json")
+    (row,) = json.loads(run(*args).stdout)["rows"]
+    assert row["cost"] == pytest.approx(row["gpu_hours"] * 3.0, rel=1e-5)
+    assert row["energy_mwh"] == pytest.approx(row["gpu_hours"] * 0.7 * 1.2 / 1000, rel=1e-5)
+    assert row["lost_gpu_hours"] == pytest.approx(row["gpu_hours"] * (1 - row["goodput"]), rel=1e-3)  # rounded figures
+    assert row["failures_expected"] == pytest.approx(row["days"] * 24 / row["mtbf_h"], rel=1e-3)
+    (row,) = json.loads(run(*args, "--gpu-hour-price", "2", "--pue", "1.5").stdout)["rows"]
+    assert row["cost"] == pytest.approx(row["gpu_hours"] * 2.0, rel=1e-5)
+    assert row["energy_mwh"] == pytest.approx(row["gpu_hours"] * 0.7 * 1.5 / 1000, rel=1e-5)
