@@ -308,7 +308,7 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
             for batch, seq, _ in phases:
                 request = dict(model=model, cluster=cluster, global_batch=batch, seq_len=seq, precision=precision,
                                attention=attention, runtime=runtime, constraints={}, top=0,
-                               memory_headroom=memory_headroom)
+                               memory_headroom=memory_headroom, per_runtime=False)
                 if len(counts) == 1:
                     try:
                         entries = [{"gpus": counts[0], "plan": make_plan(gpus=counts[0], **request)}]

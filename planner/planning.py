@@ -109,12 +109,14 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
               attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
               top: int = 3, progress=None, found: dict | None = None, memory_headroom: float = DEFAULT_HEADROOM,
-              moe_dispatcher: str = "") -> dict:
+              moe_dispatcher: str = "", per_runtime: bool = True) -> dict:
     """The plan document of the best strategy in the space of `runtime`, or with SUPPORTED in the
     union of the spaces of TARGETS (each searched exactly, the fastest plan of all taken, ties to
     the earlier in TARGETS; a model none of them builds is planned in the ideal space, with a
     note). InfeasibleError when nothing fits, SpecError when no legal strategy satisfies the
-    request; `found`: {runtime: the search's bounds}, computed beforehand."""
+    request; `found`: {runtime: the search's bounds}, computed beforehand. Without `per_runtime`
+    (and with top 0) each runtime's search prunes at the best step found so far, so the plan is
+    the same but its best_per_runtime is left out (forecast sweeps)."""
     union, builds = runtime == SUPPORTED, _built(model)
     names = _space_names(model, runtime)
     searched, refused = {}, {}
@@ -127,8 +129,11 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
                 raise
             refused[name] = str(e)
             continue
+        shared = not per_runtime and top == 0
+        reached = min((r.best.step_time_s for _, r in searched.values() if r.best), default=float("inf"))
         searched[name] = (setup, search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s,
-                                        top=top, progress=progress, found=(found or {}).get(name)))
+                                        top=top, progress=progress, found=(found or {}).get(name),
+                                        outside_s=reached if shared else float("inf")))
     found_best = [(r.best.step_time_s, i, name) for i, (name, (_, r)) in enumerate(searched.items()) if r.best]
     if not found_best:
         raise _nothing(model, cluster, constraints, searched, refused)
@@ -150,12 +155,12 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
     elif name == "ideal":
         notes.append("planned in the ideal space (--runtime ideal): no runtime's limits shape it, so no runtime may "
                      "run it as planned")
-    per_runtime = _per_runtime(searched, refused, cluster) if union and builds else None
+    bests = _per_runtime(searched, refused, cluster) if union and builds and per_runtime else None
     return _with_runtimes(build_plan(model, cluster, setup, best.strategy, est, constraints,
                                      {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives,
                                      notes=notes, search=_search_summary(searched),
                                      runtimes=(list(TARGETS) if builds else []) if union else None,
-                                     per_runtime=per_runtime))
+                                     per_runtime=bests))
 
 
 def _built(model: ModelSpec) -> bool:

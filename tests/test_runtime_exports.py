@@ -234,6 +234,11 @@ def test_the_default_plan_is_the_fastest_of_the_runtimes_plans(setup):
     got = [(a["step_time_s"], json.dumps(a["strategy"], sort_keys=True)) for a in union["alternatives"]
            if not a["why_not"].startswith("does not fit")]
     assert got == expected
+    # each runtime's search pruning at the best step found so far (forecast sweeps) finds the same plan
+    shared = make_plan(model, cluster, gpus=gpus, global_batch=batch, seq_len=seq, precision="bf16", attention="flash",
+                       runtime=SUPPORTED, constraints=constraints, top=0, per_runtime=False)
+    assert shared["strategy"] == union["strategy"] and "best_per_runtime" not in shared
+    assert shared["prediction"] == union["prediction"]
 
 
 def test_estimate_refuses_what_the_named_runtime_cannot_run_and_the_default_prices_who_can():

@@ -115,10 +115,13 @@ def infeasible_message(result: SearchResult, cluster: Cluster, setup: TrainingSe
 
 def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict | None = None,
            solver: str = "highs", time_limit_s: float = 10.0, top: int = 3, progress=None,
-           found: bounds.Bounds | None = None, space_of: str | None = None) -> SearchResult:
+           found: bounds.Bounds | None = None, space_of: str | None = None,
+           outside_s: float = float("inf")) -> SearchResult:
     """Best strategy in the space of search/space.py honouring the `fixed` knobs (`found`: its
     bounds, when bound_sweep has bounded several GPU counts at once). The space is the setup's
-    runtime's, or `space_of`'s (the setup's runtime still prices every strategy)."""
+    runtime's, or `space_of`'s (the setup's runtime still prices every strategy). `outside_s`: a
+    step time another search already reached (with top 0): what cannot beat it is pruned, and
+    best is None when nothing here does."""
     # the search allocates many small objects that live on in the cost model's caches; the cyclic
     # collector would walk them again and again (about 5% of a search). Any cycles left behind
     # are collected once it runs again.
@@ -126,7 +129,7 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
     gc.disable()
     try:
         return _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found,
-                       space.RUNTIME_RULES[space_of or setup.runtime])
+                       space.RUNTIME_RULES[space_of or setup.runtime], outside_s)
     finally:
         if enabled:
             gc.enable()
@@ -144,7 +147,8 @@ def bound_sweep(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup],
     return bounds.bound_counts(model, cluster, setups, _constraints(fixed), space.RUNTIME_RULES[setups[0].runtime])
 
 
-def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found, rules) -> SearchResult:
+def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found, rules,
+            outside_s: float = float("inf")) -> SearchResult:
     start = time.perf_counter()
     fixed = _constraints(fixed)
     found_bounds = found if found is not None else bounds.bound_all(model, cluster, setup, fixed, rules, progress)
@@ -158,10 +162,11 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, f
     pruned_bound, pruned_memory_late = found_bounds.dominated, 0
     relaxed_gaps: list[float] = []
     priced_like: dict[tuple, Candidate] = {}  # pricing_key -> what its first strategy was priced at
-    ranked = _Ranked(top)
+    ranked = _Ranked(top, outside_s)
     queue = _BoundOrder(found_bounds)
+    queue.cutoff = ranked.cutoff_s
     for j, bound in queue:
-        if ranked.best is not None and bound >= ranked.cutoff_s * (1 - TIE):
+        if (ranked.best is not None or outside_s < float("inf")) and bound >= ranked.cutoff_s * (1 - TIE):
             # nothing left can beat the best, nor the runners-up: bounds carry a margin of SAFETY
             # against rounding, so a candidate within TIE of them ties (floors.TIE)
             pruned_bound += queue.remaining + 1
@@ -238,11 +243,11 @@ def _strategy(found: bounds.Bounds, j: int, fixed: dict) -> Strategy:
 class _Ranked:
     """The best plan and the `top` runners-up found so far (distinct strategies; among equal
     steps the one priced first ranks first), and what a candidate must beat to be among them
-    (cutoff_s; infinite until there are top + 1), so that the runners-up a plan lists are exact
-    too."""
+    (cutoff_s; infinite until there are top + 1, and never above `outside_s`, what another search
+    reached), so that the runners-up a plan lists are exact too."""
 
-    def __init__(self, top: int):
-        self.top, self.entries, self.keys = top, [], set()
+    def __init__(self, top: int, outside_s: float = float("inf")):
+        self.top, self.entries, self.keys, self.outside_s = top, [], set(), outside_s
 
     def add(self, cand: Candidate) -> None:
         key = strategy_key(cand.strategy)
@@ -261,7 +266,8 @@ class _Ranked:
 
     @property
     def cutoff_s(self) -> float:
-        return self.entries[self.top][0] if len(self.entries) > self.top else float("inf")
+        own = self.entries[self.top][0] if len(self.entries) > self.top else float("inf")
+        return min(own, self.outside_s)
 
 
 class _BoundOrder:
