@@ -47,9 +47,9 @@ def _setup_options(f):
         click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), help="sequence length (default: the model's)"),
         click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True),
-        click.option("--runtime", type=click.Choice(["supported", "megatron", "deepspeed", "torchtitan", "ideal", "any"]),
+        click.option("--runtime", type=click.Choice(["supported", "megatron", "deepspeed", "torchtitan", "nanotron", "ideal", "any"]),
                      default="supported", show_default=True,
-                     help="the space searched: supported = the union of megatron, deepspeed and torchtitan (each "
+                     help="the space searched: supported = the union of megatron, deepspeed, torchtitan and nanotron (each "
                           "plan priced as the runtime that runs it); one of them; ideal = no runtime's limits "
                           "(what-if: no runtime may run its plans; 'any' is its old name)"),
         click.option("--moe-dispatcher", type=click.Choice(["alltoall", "dedup"]), default=None,
@@ -254,7 +254,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
         report.err.print(f"written to {output}", markup=False, highlight=False)
 
 
-_RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "ideal", "any"]
+_RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "nanotron", "ideal", "any"]
 
 
 @cli.command()

@@ -91,6 +91,8 @@ class RuntimeRules:
     attention: tuple[str, ...] = ("fa2",)
     """flash attention kernels it runs, preferred first (spec/measured.KERNELS): the cost model
     prices the first one the GPU has a measured table of (cost/compute.attention_time_s)"""
+    recompute_modes: tuple[str, ...] = ("none", "selective", "full")
+    """the activation recomputation it runs"""
     pp_outermost_unless_cp_is_ep: bool = False
     """with pipeline stages, a rank order that does not end in pp runs only where the expert
     data-parallel size dp*cp/ep equals dp, that is cp == ep (megatron-core 0.16.0
@@ -138,6 +140,8 @@ class RuntimeRules:
         if not self.order_runs(s.order, s.cp, s.pp, s.ep):
             return (f"rank order {s.order} with pipeline stages and cp {s.cp} != ep {s.ep} (the expert groups "
                     "need pp outermost)")
+        if s.recompute not in self.recompute_modes:
+            return f"{s.recompute} activation recomputation (it runs {', '.join(self.recompute_modes)})"
         if self.recompute_counts == "all" and s.recompute == "full" and s.recompute_layers is not None:
             return f"full recomputation of some layers only (recompute_layers {s.recompute_layers})"
         return None
@@ -184,12 +188,18 @@ RUNTIME_RULES["megatron@2022"] = RuntimeRules(
     (0, 1), (0, 1), True, True, "ends", "uniform", True, True,
     "Megatron-LM of 2021-22 (the SC21 and Korthikanti et al. runs): no TP comm overlap, gradients all-reduced "
     "after backward (dp_overlap false), no fused attention")
-for _name, _note in (("nanotron", "nanotron (flash_attn)"), ("composer", "MosaicML llm-foundry (FSDP, flash_attn)"),
+RUNTIME_RULES["nanotron"] = RuntimeRules(
+    (0, 1), (0, 1), False, False, "none", "all", False, False,
+    "nanotron 0.4 (export/nanotron.py): zero_stage 0 or 1, 1F1B without interleaving, no context parallelism, "
+    "no expert parallelism within dp (expert_parallel_size multiplies the GPU count), layers split evenly, no "
+    "activation recomputation, no FP8; ranks ep, pp, dp, tp outermost first",
+    orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16"), recompute_modes=("none",))
+for _name, _note in (("composer", "MosaicML llm-foundry (FSDP, flash_attn)"),
                      ("other", "a runtime not described here (flash_attn assumed)")):
     RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True, _note)
 
 
-TARGETS = ("megatron", "deepspeed", "torchtitan")
+TARGETS = ("megatron", "deepspeed", "torchtitan", "nanotron")
 """the runtimes a plan is searched for when the request names none (the union of their spaces,
 each strategy priced as the runtime that runs it)"""
 OLD_NAMES = {"any": "ideal"}

@@ -1,7 +1,8 @@
 """Each runtime's own reading of an export (issue 12 item 5): DeepSpeed's DeepSpeedConfig and
 torchtitan's ConfigManager (installed by the `runtimes` extra; these checks never skip), and for
-Megatron-LM, which ships no installable argument parser, the pinned list of its argument names
-(tests/data/megatron_arguments.txt, with the commit it was read at)."""
+Megatron-LM and nanotron, which ship no installable parser, the pinned list of argument names
+(tests/data/megatron_arguments.txt) and config fields (NANOTRON_KEYS), each with the commit it was
+read at."""
 
 from __future__ import annotations
 
@@ -103,4 +104,37 @@ def plan_model(plan: dict) -> dict:
         "rope_theta": float(m["rope_theta"]), "norm_eps": float(m["norm_eps"])}
 
 
-CHECKS = {"megatron": check_megatron, "deepspeed": check_deepspeed, "torchtitan": check_torchtitan}
+NANOTRON_KEYS = {
+    "parallelism": {"dp", "pp", "tp", "pp_engine", "tp_mode", "tp_linear_async_communication", "expert_parallel_size"},
+    "tokens": {"sequence_length", "train_steps", "micro_batch_size", "batch_accumulation_per_replica",
+               "val_check_interval", "limit_val_batches", "limit_test_batches"},
+    "optimizer": {"zero_stage"},
+}
+"""nanotron v0.4 (tag v0.4, commit f2c8383): the fields of ParallelismArgs
+(src/nanotron/config/parallelism_config.py) and TokensArgs (config/config.py), and the
+OptimizerArgs field the export writes; nanotron ships no installable config loader to read an
+export with, so these are pinned facts"""
+NANOTRON_ENGINES = {"1f1b", "afab"}
+"""cast_str_to_pipeline_engine's names at v0.4"""
+NANOTRON_TP_MODES = {"ALL_REDUCE", "REDUCE_SCATTER"}
+"""TensorParallelLinearMode's members at v0.4 (the config names one, in any case)"""
+
+
+def check_nanotron(plan: dict) -> None:
+    """The export's sections hold only v0.4 field names with values of the right kind, and the
+    degrees and batch multiply out as the plan says."""
+    import yaml
+    doc = yaml.safe_load(export(plan, "nanotron"))
+    assert set(doc) == set(NANOTRON_KEYS), set(doc)
+    for section, keys in NANOTRON_KEYS.items():
+        assert set(doc[section]) <= keys, (section, set(doc[section]) - keys)
+    par, tokens = doc["parallelism"], doc["tokens"]
+    assert par["pp_engine"] in NANOTRON_ENGINES and par["tp_mode"].upper() in NANOTRON_TP_MODES
+    tr, st = plan["inputs"]["training"], plan["strategy"]
+    assert par["dp"] * par["tp"] * par["pp"] == tr["gpus"]
+    assert tokens["micro_batch_size"] * tokens["batch_accumulation_per_replica"] * par["dp"] == tr["global_batch"]
+    assert tokens["sequence_length"] == tr["seq_len"] and doc["optimizer"]["zero_stage"] == st["zero"]
+
+
+CHECKS = {"megatron": check_megatron, "deepspeed": check_deepspeed, "torchtitan": check_torchtitan,
+          "nanotron": check_nanotron}

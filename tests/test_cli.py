@@ -66,7 +66,7 @@ def test_plan_has_design_keys(plan):
                                           "attention": "flash", "runtime": "megatron", "memory_headroom": 0.0}
     # no --runtime: priced as the fastest of the supported runtimes that run it (tp 2 on one node:
     # Megatron's TP comm overlap and fused attention make it the fastest)
-    assert plan["inputs"]["runtimes"] == ["megatron", "deepspeed", "torchtitan"]
+    assert plan["inputs"]["runtimes"] == ["megatron", "deepspeed", "torchtitan", "nanotron"]
     assert plan["inputs"]["constraints"] == {"tp": 2}
     assert plan["placement"]["order"] == "tp-cp-ep-dp-pp"
     for stage in plan["stages"]:

@@ -25,13 +25,18 @@ SETUPS = [
     ("llama3-70b", "dgx-h100", 64, 64, 4096, {"pp": 4}),              # pipelines: split, vpp
     ("llama3-70b", "dgx-a100-80g", 64, 128, 4096, {"pp": 8, "recompute": "full"}),  # recompute counts
 ]
-RUNTIMES = {"megatron": "megatron", "deepspeed": "deepspeed", "torchtitan": "torchtitan"}
+RUNTIMES = {"megatron": "megatron", "deepspeed": "deepspeed", "torchtitan": "torchtitan", "nanotron": "nanotron"}
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 @pytest.mark.parametrize("setup", SETUPS, ids=lambda s: f"{s[0]}-{s[2]}gpu-{s[4]}")
 def test_plan_for_a_runtime_exports_to_it(runtime, setup):
     model_name, cluster_name, gpus, batch, seq, constraints = setup
+    if constraints.get("recompute", "none") not in RUNTIME_RULES[runtime].recompute_modes:
+        with pytest.raises(PlannerError, match="no legal strategy"):  # nanotron 0.4 recomputes nothing
+            make_plan(load_model(model_name), load_cluster(cluster_name), gpus=gpus, global_batch=batch,
+                      seq_len=seq, precision="bf16", attention="flash", runtime=runtime, constraints=constraints, top=0)
+        return
     plan = make_plan(load_model(model_name), load_cluster(cluster_name), gpus=gpus, global_batch=batch,
                      seq_len=seq, precision="bf16", attention="flash", runtime=runtime, constraints=constraints,
                      top=0)

@@ -130,7 +130,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
     candidates of all of them are bounded as one set of arrays (what costs is the number of
     array operations more than their length), then sorted and split by setup; the Bounds of
     each are those bound_all gives it alone."""
-    modes = space.recompute_modes(fixed)
+    modes = space.recompute_modes(fixed, rules)
     shape = _shape(replace(setups[0], gpus=1, global_batch=1, memory_headroom=0.0))
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
     span_ids: dict = {}

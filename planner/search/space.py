@@ -46,10 +46,11 @@ def allowed(values, fixed):
     return [v for v in values if fixed is None or v == fixed]
 
 
-def recompute_modes(fixed: dict) -> list[str]:
-    """The recompute modes the constraints leave: a fixed count of recomputed layers
-    (recompute_layers) is a knob of 'full' only."""
-    return allowed(RECOMPUTES, fixed.get("recompute", "full" if "recompute_layers" in fixed else None))
+def recompute_modes(fixed: dict, rules: RuntimeRules | None = None) -> list[str]:
+    """The recompute modes the runtime runs and the constraints leave: a fixed count of
+    recomputed layers (recompute_layers) is a knob of 'full' only."""
+    modes = [m for m in RECOMPUTES if rules is None or m in rules.recompute_modes]
+    return allowed(modes, fixed.get("recompute", "full" if "recompute_layers" in fixed else None))
 
 
 def tp_options(model: ModelSpec, cluster: Cluster, gpus: int, fixed: int | None) -> list[int]:
