@@ -277,6 +277,11 @@ def validation_table(doc: dict) -> None:
         err.print(f"[bold]checks: MAPE {c['mape'] * 100:.2f} %, bias {_pct(c['bias'])} over {len(c['runs'])} runs; "
                   f"each of {eq['sources']} sources weighted equally: MAPE {eq['mape'] * 100:.2f} %, bias {_pct(eq['bias'])}; "
                   f"{c['over_25_percent']} over 25 %; {c['inside_band'] * 100:.0f} % inside their band[/bold]")
+        mem = c.get("memory", {"runs": 0})
+        if mem["runs"]:
+            err.print(f"[bold]memory: predicted peak against {mem['runs']} published peaks: MAPE {mem['mape'] * 100:.1f} %, "
+                      f"bias {_pct(mem['bias'])}; {mem['within_10_percent']} within 10 %, {mem['under_5_percent']} more "
+                      "than 5 % under[/bold]")
 
 
 def fit_table(result) -> None:

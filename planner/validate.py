@@ -86,6 +86,17 @@ def _rows(priced) -> list[dict]:
     return rows
 
 
+def _memory(rows: list[dict]) -> dict:
+    """The predicted peak against the peaks sources publish (measured.memory_gib): how many, the
+    mean absolute and signed errors, and how many the prediction undershoots by more than 5 %
+    (issue 11's bound: within 10 %, never more than 5 % under)."""
+    errors = [r["memory_error"] for r in rows if "memory_error" in r]
+    if not errors:
+        return {"runs": 0}
+    return {"runs": len(errors), "mape": _mape(errors), "bias": sum(errors) / len(errors),
+            "under_5_percent": sum(e < -0.05 for e in errors), "within_10_percent": sum(abs(e) <= 0.10 for e in errors)}
+
+
 def _stats(errors) -> dict:
     e = np.asarray(errors, dtype=float)
     return {"runs": len(e), "mape": _mape(e), "bias": float(np.mean(e)) if len(e) else 0.0, "max_abs_error": _max(e)}
@@ -186,6 +197,7 @@ def summary(v: Validation) -> dict:
                          "equal_source_weight": _equal_weight(sources),
                          "over_25_percent": sum(abs(e) > 0.25 for e in check_errors),
                          "inside_band": inside / len(rows),
+                         "memory": _memory(rows),
                          "subsets": _subsets(v.checks),
                          "runs": rows, "sources": sources}
     return doc

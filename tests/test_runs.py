@@ -145,3 +145,12 @@ def test_a_run_no_fill_fits_is_priced_at_the_fill_that_overflows_least(tmp_path)
     assert round(priced.estimate.peak_memory_bytes / 2**30, 1) == least
     assert priced.estimate.step_time_s == min(e.step_time_s for e in peaks.values()
                                               if round(e.peak_memory_bytes / 2**30, 1) == least)
+
+
+def test_validate_sums_up_the_predicted_peaks_against_the_published_ones():
+    from planner.validate import _memory
+    rows = [{"memory_error": -0.20}, {"memory_error": 0.04}, {"memory_error": -0.06}, {}]
+    out = _memory(rows)
+    assert out["runs"] == 3 and out["under_5_percent"] == 2 and out["within_10_percent"] == 2
+    assert out["mape"] == pytest.approx(0.10) and out["bias"] == pytest.approx(-0.22 / 3)
+    assert _memory([{}]) == {"runs": 0}
