@@ -179,7 +179,8 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
         "mfu_band": [sum(p["prediction"]["mfu"] * s for p, s in zip(plans, share)) * mid["work_s"] / worst["work_s"],
                      sum(p["prediction"]["mfu"] * s for p, s in zip(plans, share)) * mid["work_s"] / best["work_s"]],
         "goodput": mid["goodput"], "goodput_band": [worst["goodput"], best["goodput"]],
-        "mtbf_h": mtbf(1.0) / 3600, "checkpoint_s": ckpt, "checkpoint_interval_s": mid["interval_s"],
+        # without failures there is no MTBF and no interval to checkpoint at (null, not Infinity)
+        "mtbf_h": _finite(mtbf(1.0) / 3600), "checkpoint_s": ckpt, "checkpoint_interval_s": _finite(mid["interval_s"]),
         "failures_expected": mid["wall_s"] / mtbf(1.0), "lost_gpu_hours": mid["gpu_hours"] * (1 - mid["goodput"]),
         "dominant": dominant_term(breakdown, mid["goodput"]),
     }
@@ -194,6 +195,10 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
         kwh = tdp_w / 1000 * pue
         row["energy_mwh"], row["energy_mwh_band"] = mid["gpu_hours"] * kwh / 1000, band("gpu_hours", kwh / 1000)
     return row
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,7 +104,8 @@ def command_lines(draw):
               "--global-batch": st.sampled_from(["16", "64", "256"]),
               "--seq-len": st.sampled_from(["512", "2048", "4096"]),
               "--precision": st.sampled_from(["bf16", "fp16", "fp8"]),
-              "--runtime": st.sampled_from(["any", "megatron", "deepspeed", "torchtitan"])}
+              "--runtime": st.sampled_from(["supported", "any", "ideal", "megatron", "deepspeed", "torchtitan",
+                                            "nanotron"])}
     knobs = {"--tp": st.sampled_from(["1", "2", "8"]), "--pp": st.sampled_from(["1", "2", "4"]),
              "--cp": st.sampled_from(["1", "2"]), "--ep": st.sampled_from(["1", "2", "8"]),
              "--vpp": st.sampled_from(["1", "2"]), "--micro-batch": st.sampled_from(["1", "2"]),
@@ -123,6 +124,34 @@ def command_lines(draw):
 @fuzz(150)
 @given(command_lines())
 def test_fuzzed_command_lines_keep_the_contract(args):
+    code, out, err = planner(*args)
+    check_contract(code, out, err, as_json=True)
+
+
+@st.composite
+def forecast_lines(draw):
+    """A forecast a user might ask for, one field (in most examples) replaced by junk."""
+    fields = {"-m": st.sampled_from(MODELS), "-c": st.sampled_from(CLUSTERS[:4]),
+              "--gpus": st.sampled_from(["8", "64", "8,16", "8-32", "8-64:x2"]),
+              "--tokens": st.sampled_from(["1e9", "2e11", "15.6e12"]),
+              "--seq-len": st.sampled_from(["2048", "4096"])}
+    batch = draw(st.sampled_from([["--global-batch", "64"], ["--global-batch", "16", "--global-batch", "64"],
+                                  ["--schedule", "16x2048:1e8,64x4096"]]))
+    extra = {"--gpu-hour-price": st.sampled_from(["2.5", "0"]), "--pue": st.sampled_from(["1.1", "1"]),
+             "--failure-rate": st.sampled_from(["1e-5", "0"]), "--storage-gbps": st.sampled_from(["100", "2000"]),
+             "--restart-s": st.sampled_from(["0", "300"]), "--steps": st.sampled_from(["10", "1000"])}
+    chosen = draw(st.lists(st.sampled_from(sorted(extra)), max_size=2, unique=True))
+    names = [*fields, *chosen]
+    corrupt = draw(st.sampled_from([None, None, *names]))
+    args = ["forecast", *batch]
+    for name in names:
+        args += [name, draw(junk if name == corrupt else {**fields, **extra}[name])]
+    return args + ["--format", "json"]
+
+
+@fuzz(60)
+@given(forecast_lines())
+def test_fuzzed_forecasts_keep_the_contract(args):
     code, out, err = planner(*args)
     check_contract(code, out, err, as_json=True)
 
