@@ -263,14 +263,17 @@ _RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "nanotron", "id
               help="preset name or cluster YAML (repeat for several)")
 @click.option("--gpus", required=True, help="GPU count, list 512,1024 or range 512-4096")
 @click.option("--global-batch", "global_batches", type=click.IntRange(1, MAX_GLOBAL_BATCH), multiple=True,
-              help="sequences per step (repeat for several; or --schedule)")
-@click.option("--schedule", "schedule_text",
+              help="sequences per step (repeat for several; or --batch-schedule)")
+@click.option("--batch-schedule", "schedule_text",
               help="batch and sequence phases BATCHxSEQ:UNTIL_TOKENS,...,BATCHxSEQ (the last runs to --tokens), "
                    "e.g. Llama 3's 1024x4096:252e6,1024x8192:2.87e12,2048x8192")
 @click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), help="sequence length (default: the model's)")
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True)
 @click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True)
 @click.option("--runtime", type=click.Choice(_RUNTIMES), default="supported", show_default=True)
+@click.option("--moe-dispatcher", type=click.Choice(["alltoall", "dedup"]), default=None,
+              help="how MoE tokens reach their experts  [default: the runtime's]")
+@_strategy_options
 @click.option("--tokens", type=float, help="tokens to train on (or --steps)")
 @click.option("--steps", type=click.IntRange(1, None), help="optimizer steps to run (or --tokens)")
 @click.option("--gpu-hour-price", type=float, help="price of one GPU-hour (else the cluster's price_per_gpu_hour)")
@@ -291,7 +294,7 @@ _RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "nanotron", "id
 def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_len, precision, attention, runtime,
              tokens, steps,
              gpu_hour_price, pue, failure_rate, storage_gbps, storage_node_gbps, async_checkpoint, host_copy_gbps,
-             restart_s, memory_headroom, fmt, output, plot_file, dask):
+             restart_s, memory_headroom, fmt, output, plot_file, dask, moe_dispatcher, **knobs):
     """A whole training run: days, GPU-hours, cost, energy and goodput under failures, per
     cluster, GPU count and batch (the best plan's step time; planner/forecast.py)."""
     import json
@@ -313,7 +316,7 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_l
         except ImportError:
             raise SpecError("--plot needs matplotlib: pip install 'llm-parallel-planner[plot]'") from None
     if bool(global_batches) == bool(schedule_text):
-        raise SpecError("forecast needs --global-batch or --schedule (one of them)")
+        raise SpecError("forecast needs --global-batch or --batch-schedule (one of them)")
     from planner.forecast import parse_schedule
     schedule = parse_schedule(schedule_text) if schedule_text else None
     model = load_model(model_ref)
@@ -327,7 +330,8 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_l
     with report.progress("forecasting", delay_s=1.0) as step:
         doc = rounded(forecast_document(model, clusters, gpus, list(global_batches), seq_len, precision, attention,
                                         runtime, inputs, memory_headroom, progress=step, schedule=schedule,
-                                        dask=dask))
+                                        dask=dask, constraints={k: v for k, v in knobs.items() if v is not None},
+                                        moe_dispatcher=moe_dispatcher or ""))
     text = csv_text(doc) if fmt == "csv" else json.dumps(doc, sort_keys=True, indent=2) + "\n"
     if output:
         write_atomic(output, text)

@@ -116,12 +116,15 @@ def goodput(interval_s: float, mtbf_s: float, checkpoint_s: float, restart_s: fl
     return interval_s / (m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m))
 
 
-def checkpoint_s(params: float, gpus: int, gpus_per_node: int, inputs: RunInputs) -> float:
-    """Seconds a checkpoint blocks training: the whole state at the bandwidth the job gets
-    (min(aggregate, nodes x per node)); asynchronous, each GPU's shard copied out of its memory."""
+def checkpoint_s(params: float, gpus: int, gpus_per_node: int, inputs: RunInputs,
+                 shard_bytes: float | None = None) -> float:
+    """Seconds a checkpoint blocks training: the whole state (14 bytes a parameter) at the
+    bandwidth the job gets (min(aggregate, nodes x per node)); asynchronous, the largest GPU's
+    share of it (`shard_bytes`: its weights and optimizer states as the plan shards them; else an
+    even share) copied out of its memory."""
     total = params * CHECKPOINT_BYTES_PER_PARAM
     if inputs.async_checkpoint:
-        return total / gpus / (inputs.host_copy_GBps * 1e9)
+        return (shard_bytes if shard_bytes is not None else total / gpus) / (inputs.host_copy_GBps * 1e9)
     nodes = -(-gpus // gpus_per_node)
     return total / (min(inputs.storage_aggregate_GBps, nodes * inputs.storage_node_GBps) * 1e9)
 
@@ -148,7 +151,10 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
     def mtbf(scale: float) -> float:
         return 3600.0 / (rate * scale * gpus) if rate > 0 else math.inf
 
-    ckpt = checkpoint_s(params, gpus, gpus_per_node, inputs)
+    # the plan's peak stage holds the most weights and optimizer states a GPU writes
+    shard = max((p["prediction"]["memory_gib"]["weights"] + p["prediction"]["memory_gib"]["optimizer"]) * 1024**3
+                for p in plans)
+    ckpt = checkpoint_s(params, gpus, gpus_per_node, inputs, shard)
     work = [p["prediction"]["step_time_s"] * n for p, n in phases]
     lows = [p["prediction"].get("band", {}).get("step_time_s", [p["prediction"]["step_time_s"]] * 2)
             for p in plans]
@@ -182,6 +188,7 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
         # without failures there is no MTBF and no interval to checkpoint at (null, not Infinity)
         "mtbf_h": _finite(mtbf(1.0) / 3600), "checkpoint_s": ckpt, "checkpoint_interval_s": _finite(mid["interval_s"]),
         "failures_expected": mid["wall_s"] / mtbf(1.0), "lost_gpu_hours": mid["gpu_hours"] * (1 - mid["goodput"]),
+        **_losses(mid, ckpt, inputs.restart_s, mtbf(1.0)),
         "dominant": dominant_term(breakdown, mid["goodput"]),
     }
     if len(phases) > 1:
@@ -195,6 +202,17 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
         kwh = tdp_w / 1000 * pue
         row["energy_mwh"], row["energy_mwh_band"] = mid["gpu_hours"] * kwh / 1000, band("gpu_hours", kwh / 1000)
     return row
+
+
+def _losses(run: dict, ckpt_s: float, restart_s: float, mtbf_s: float) -> dict:
+    """Where the wall time beyond the work goes, in hours: writing checkpoints (one per interval
+    of work), restarting (one per expected failure), and work done again (the rest)."""
+    if not math.isfinite(run["interval_s"]):
+        return {"checkpoint_h": 0.0, "restart_h": 0.0, "redone_h": 0.0}
+    checkpoint = run["work_s"] / run["interval_s"] * ckpt_s
+    restart = run["wall_s"] / mtbf_s * restart_s
+    redone = max(0.0, run["wall_s"] - run["work_s"] - checkpoint - restart)
+    return {"checkpoint_h": checkpoint / 3600, "restart_h": restart / 3600, "redone_h": redone / 3600}
 
 
 def _finite(x: float) -> float | None:
@@ -223,14 +241,14 @@ def parse_schedule(text: str) -> list[Phase]:
             batch, seq = (int(x) for x in shape.lower().split("x"))
             end = float(until) if until else None
         except ValueError:
-            raise SpecError(f"--schedule {text!r}: phase {part!r} is not BATCHxSEQ[:TOKENS]") from None
+            raise SpecError(f"--batch-schedule {text!r}: phase {part!r} is not BATCHxSEQ[:TOKENS]") from None
         if batch < 1 or seq < 1:
-            raise SpecError(f"--schedule {text!r}: phase {part!r} needs a positive batch and sequence length")
+            raise SpecError(f"--batch-schedule {text!r}: phase {part!r} needs a positive batch and sequence length")
         if (end is None) != (i == len(parts) - 1):
-            raise SpecError(f"--schedule {text!r}: every phase but the last ends at a token count (BATCHxSEQ:TOKENS), "
+            raise SpecError(f"--batch-schedule {text!r}: every phase but the last ends at a token count (BATCHxSEQ:TOKENS), "
                             "the last runs to --tokens")
         if end is not None and not (math.isfinite(end) and end > last):
-            raise SpecError(f"--schedule {text!r}: phase ends must grow (got {until} after {last:g})")
+            raise SpecError(f"--batch-schedule {text!r}: phase ends must grow (got {until} after {last:g})")
         phases.append(Phase(batch, seq, end))
         last = end if end is not None else last
     return phases
@@ -287,7 +305,7 @@ SCHEMA = "planner.forecast/v1"
 def forecast_document(model, clusters: list, gpus: str, global_batches: list[int], seq_len: int | None,
                       precision: str, attention: str, runtime: str, inputs: RunInputs,
                       memory_headroom: float, progress=None, schedule: list[Phase] | None = None,
-                      dask: str | None = None) -> dict:
+                      dask: str | None = None, constraints: dict | None = None, moe_dispatcher: str = "") -> dict:
     """planner.forecast/v1: one row per cluster x GPU count x global batch (the best plan's run,
     or why the configuration has none), the time-cost Pareto front marked, and per cluster and
     batch the GPU count past which doubling gives less than 1.2x."""
@@ -303,7 +321,7 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
     if schedule:
         steps = phase_steps(schedule, inputs.tokens) if inputs.tokens is not None else None
         if steps is None:
-            raise SpecError("--schedule needs --tokens (the last phase runs to it)")
+            raise SpecError("--batch-schedule needs --tokens (the last phase runs to it)")
         configurations = [[(p.global_batch, p.seq_len, n) for p, n in zip(schedule, steps)]]
     else:
         seq = seq_len or model.seq_len
@@ -315,8 +333,8 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
             per_phase = []
             for batch, seq, _ in phases:
                 request = dict(model=model, cluster=cluster, global_batch=batch, seq_len=seq, precision=precision,
-                               attention=attention, runtime=runtime, constraints={}, top=0,
-                               memory_headroom=memory_headroom, per_runtime=False)
+                               attention=attention, runtime=runtime, constraints=dict(constraints or {}), top=0,
+                               memory_headroom=memory_headroom, per_runtime=False, moe_dispatcher=moe_dispatcher)
                 if len(counts) == 1:
                     try:
                         entries = [{"gpus": counts[0], "plan": make_plan(gpus=counts[0], **request)}]
@@ -366,7 +384,8 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
             "inputs": {"model": model.name, "clusters": [c.name for c in clusters], "gpus": gpus,
                        "global_batches": list(global_batches), "seq_len": seq_len or model.seq_len,
                        "schedule": [[p.global_batch, p.seq_len, p.until_tokens] for p in schedule or []],
-                       "precision": precision, "runtime": runtime, "tokens": inputs.tokens, "steps": inputs.steps,
+                       "precision": precision, "runtime": runtime, "constraints": dict(constraints or {}),
+                       "moe_dispatcher": moe_dispatcher, "tokens": inputs.tokens, "steps": inputs.steps,
                        "price_per_gpu_hour": inputs.price_per_gpu_hour, "pue": inputs.pue,
                        "failure_rate_per_gpu_hour": inputs.failure_rate_per_gpu_hour,
                        "async_checkpoint": inputs.async_checkpoint, "restart_s": inputs.restart_s},

@@ -117,6 +117,9 @@ def test_the_llama3_405b_run_in_gpu_hours_days_energy_and_goodput():
     for key in ("days", "gpu_hours", "energy_mwh", "tokens_per_s", "mfu"):
         assert row[f"{key}_band"][0] <= row[key] <= row[f"{key}_band"][1], key
     assert any("in-sample" in n for n in doc["notes"])
+    lost_h = row["checkpoint_h"] + row["restart_h"] + row["redone_h"]
+    assert lost_h == pytest.approx(row["days"] * 24 * (1 - row["goodput"]), rel=1e-3)  # wall - work, split
+    assert row["restart_h"] == pytest.approx(row["failures_expected"] * 600 / 3600, rel=1e-3)
     table = run(*LLAMA_405B)
     assert table.returncode == 0 and "GPU-hours" in table.stderr and "goodput" in table.stderr
 
@@ -214,7 +217,7 @@ def test_a_one_phase_schedule_is_the_plain_forecast():
     plain = json.loads(run("forecast", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64",
                            "--global-batch", "512", "--seq-len", "8192", "--tokens", "1e11", "--format", "json").stdout)
     scheduled = json.loads(run("forecast", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64",
-                               "--schedule", "512x8192", "--tokens", "1e11", "--format", "json").stdout)
+                               "--batch-schedule", "512x8192", "--tokens", "1e11", "--format", "json").stdout)
     keys = ("days", "gpu_hours", "energy_mwh", "goodput", "steps", "mfu", "days_band")
     assert {k: plain["rows"][0][k] for k in keys} == {k: scheduled["rows"][0][k] for k in keys}
 
@@ -237,3 +240,13 @@ def test_a_clusters_own_price_and_pue_price_the_run_and_flags_override_them(tmp_
     (row,) = json.loads(run(*args, "--gpu-hour-price", "2", "--pue", "1.5").stdout)["rows"]
     assert row["cost"] == pytest.approx(row["gpu_hours"] * 2.0, rel=1e-5)
     assert row["energy_mwh"] == pytest.approx(row["gpu_hours"] * 0.7 * 1.5 / 1000, rel=1e-5)
+
+
+def test_a_forecast_takes_plans_strategy_constraints():
+    doc = json.loads(run("forecast", "-m", "llama3-70b", "-c", "dgx-h100", "--gpus", "64,128", "--global-batch", "512",
+                         "--tokens", "1e11", "--tp", "8", "--pp", "2", "--format", "json").stdout)
+    assert doc["inputs"]["constraints"] == {"tp": 8, "pp": 2}
+    assert all(r["strategy"]["tp"] == 8 and r["strategy"]["pp"] == 2 for r in doc["rows"])
+    bad = json.loads(run("forecast", "-m", "llama3-70b", "-c", "dgx-h100", "--gpus", "64", "--global-batch", "512",
+                         "--tokens", "1e11", "--tp", "3", "--format", "json").stdout)
+    assert "no legal strategy" in bad["rows"][0]["infeasible"]

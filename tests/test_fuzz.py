@@ -136,7 +136,7 @@ def forecast_lines(draw):
               "--tokens": st.sampled_from(["1e9", "2e11", "15.6e12"]),
               "--seq-len": st.sampled_from(["2048", "4096"])}
     batch = draw(st.sampled_from([["--global-batch", "64"], ["--global-batch", "16", "--global-batch", "64"],
-                                  ["--schedule", "16x2048:1e8,64x4096"]]))
+                                  ["--batch-schedule", "16x2048:1e8,64x4096"]]))
     extra = {"--gpu-hour-price": st.sampled_from(["2.5", "0"]), "--pue": st.sampled_from(["1.1", "1"]),
              "--failure-rate": st.sampled_from(["1e-5", "0"]), "--storage-gbps": st.sampled_from(["100", "2000"]),
              "--restart-s": st.sampled_from(["0", "300"]), "--steps": st.sampled_from(["10", "1000"])}
