@@ -9,7 +9,7 @@ from planner.cost.memory import capacity_bytes
 from planner.cost.step import estimate
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan, strategy_block
-from planner.runtimes import RUNTIME_RULES, TARGETS, model_refusal, record_name
+from planner.runtimes import RUNTIME_RULES, TARGETS, builds, model_refusal, record_name
 from planner.search import space
 from planner.search.driver import infeasible_message, search, strategy_key
 from planner.spec.efficiency import LegacyEfficiency
@@ -99,11 +99,11 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     else:
         _, _, setup, strategy, est = min(priced, key=lambda x: x[:2])
     notes = _notes(cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu) + notes
-    if union and not _built(model):
+    if union and not builds(model):
         notes.append(_unbuilt_note(model))
     return _with_runtimes(build_plan(model, cluster, setup, strategy, est, constraints,
                                      {"name": "none", "time_limit_s": 0}, notes=notes,
-                                     runtimes=(list(TARGETS) if _built(model) else []) if union else None))
+                                     runtimes=(list(TARGETS) if builds(model) else []) if union else None))
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
@@ -117,7 +117,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
     request; `found`: {runtime: the search's bounds}, computed beforehand. Without `per_runtime`
     (and with top 0) each runtime's search prunes at the best step found so far, so the plan is
     the same but its best_per_runtime is left out (forecast sweeps)."""
-    union, builds = runtime == SUPPORTED, _built(model)
+    union, built = runtime == SUPPORTED, builds(model)
     names = _space_names(model, runtime)
     searched, refused = {}, {}
     for name in names:
@@ -144,29 +144,23 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
     cap = capacity_bytes(cluster, setup)
     runners = _runners_up(searched, name, top)
     alternatives = [alternative_entry(c.strategy, s_up, c.step_time_s, c.peak_memory_bytes, c.fits, best.step_time_s,
-                                      cap, r if union and builds else None) for r, s_up, c in runners]
+                                      cap, r if union and built else None) for r, s_up, c in runners]
     if result.closest is not None and result.closest.step_time_s < best.step_time_s and top:
         c = result.closest
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
-                                              best.step_time_s, cap, name if union and builds else None))
+                                              best.step_time_s, cap, name if union and built else None))
     notes = _notes(cluster, setup, proven_optimal=all(r.proven_optimal for _, r in searched.values()), mfu=est.mfu)
-    if union and not builds:
+    if union and not built:
         notes.append(_unbuilt_note(model))
     elif name == "ideal":
         notes.append("planned in the ideal space (--runtime ideal): no runtime's limits shape it, so no runtime may "
                      "run it as planned")
-    bests = _per_runtime(searched, refused, cluster) if union and builds and per_runtime else None
+    bests = _per_runtime(searched, refused, cluster) if union and built and per_runtime else None
     return _with_runtimes(build_plan(model, cluster, setup, best.strategy, est, constraints,
                                      {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives,
                                      notes=notes, search=_search_summary(searched),
-                                     runtimes=(list(TARGETS) if builds else []) if union else None,
+                                     runtimes=(list(TARGETS) if built else []) if union else None,
                                      per_runtime=bests))
-
-
-def _built(model: ModelSpec) -> bool:
-    """Whether the supported runtimes build `model` at all: they build decoders (not an explicit
-    graph, not an encoder)."""
-    return not model.is_graph and model.causal
 
 
 def _unbuilt_note(model: ModelSpec) -> str:
@@ -178,7 +172,7 @@ def _space_names(model: ModelSpec, runtime: str) -> tuple[str, ...]:
     """The runtime records whose spaces' union a request searches (make_plan)."""
     if runtime != SUPPORTED:
         return (record_name(runtime),)
-    return TARGETS if _built(model) else ("ideal",)
+    return TARGETS if builds(model) else ("ideal",)
 
 
 def _runners_up(searched: dict, winner: str, top: int) -> list:

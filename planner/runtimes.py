@@ -211,6 +211,13 @@ def record_name(runtime: str) -> str:
     return OLD_NAMES.get(runtime, runtime)
 
 
+def builds(model) -> bool:
+    """Whether the supported runtimes build ModelSpec `model` at all: each builds transformer
+    decoders only (no explicit layer graph, no encoder); the exporters refuse the rest
+    (export/common.check_decoder) and the default plans such a model in the ideal space."""
+    return not model.is_graph and model.causal
+
+
 def dispatcher(runtime: str, requested: str = "") -> str:
     """The MoE dispatcher priced and exported: the one a setup names, else its runtime's default
     (a runtime no record describes: the plain all-to-all)."""

@@ -178,9 +178,13 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
 
 
 def check_decoder(v: PlanView, runtime: str, trains: str = "trains causal decoders only") -> None:
-    """A runtime that builds the model from launch flags builds a transformer decoder."""
-    check_transformer(v, runtime)
-    require(v.model.causal, runtime, trains, f"an encoder ({v.model.name})")
+    """A runtime that builds the model from launch flags builds a transformer decoder
+    (runtimes.builds: the rule the default plan reads too)."""
+    from planner.runtimes import builds
+    if builds(v.model):
+        return
+    check_transformer(v, runtime)  # an explicit layer graph says so
+    raise refusal(runtime, trains, f"an encoder ({v.model.name})")
 
 
 def single_recompute_policy(v: PlanView, runtime: str) -> str:
