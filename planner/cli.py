@@ -307,14 +307,8 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_l
     from planner.spec.model import load_model
 
     if plot_file:  # refuse a plot it cannot draw before the sweep runs
-        from planner.plots import FORMATS
-        suffix = str(plot_file).rsplit(".", 1)[-1].lower() if "." in str(plot_file) else ""
-        if suffix not in FORMATS:
-            raise SpecError(f"--plot {plot_file}: expected a .png or .svg file")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise SpecError("--plot needs matplotlib: pip install 'llm-parallel-planner[plot]'") from None
+        from planner.plots import plot_format
+        suffix = plot_format(plot_file)
     if bool(global_batches) == bool(schedule_text):
         raise SpecError("forecast needs --global-batch or --batch-schedule (one of them)")
     from planner.forecast import parse_schedule
@@ -326,6 +320,7 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_l
     inputs = RunInputs(tokens=tokens, steps=steps, price_per_gpu_hour=gpu_hour_price, pue=pue,
                        async_checkpoint=async_checkpoint,
                        failure_events=FAILURE_PRESET["events"] if failure_rate is None else None,
+                       given=frozenset(k for k, v in given.items() if v is not None),
                        **{k: v for k, v in given.items() if v is not None})
     with report.progress("forecasting", delay_s=1.0) as step:
         doc = rounded(forecast_document(model, clusters, gpus, list(global_batches), seq_len, precision, attention,

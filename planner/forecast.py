@@ -79,6 +79,12 @@ class RunInputs:
     async_checkpoint: bool = False
     host_copy_GBps: float = HOST_COPY_GBPS
     restart_s: float = RESTART_S
+    given: frozenset = frozenset()
+    """the fields the user set (the others are the presets and assumptions above, said so)"""
+
+    def preset(self, name: str) -> bool:
+        """Whether `name` is still its preset or assumed default."""
+        return name not in self.given
 
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.steps is None):
@@ -156,15 +162,18 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
                 for p in plans)
     ckpt = checkpoint_s(params, gpus, gpus_per_node, inputs, shard)
     work = [p["prediction"]["step_time_s"] * n for p, n in phases]
-    lows = [p["prediction"].get("band", {}).get("step_time_s", [p["prediction"]["step_time_s"]] * 2)
-            for p in plans]
+    step_bands = [p["prediction"].get("band", {}).get("step_time_s", [p["prediction"]["step_time_s"]] * 2)
+                  for p in plans]
     mid = _run(sum(work), gpus, mtbf(1.0), ckpt, inputs.restart_s)
-    best = _run(sum(lo * n for (lo, _), (_, n) in zip(lows, phases)), gpus, mtbf(1 - spread), ckpt, inputs.restart_s)
-    worst = _run(sum(hi * n for (_, hi), (_, n) in zip(lows, phases)), gpus, mtbf(1 + spread), ckpt, inputs.restart_s)
+    best = _run(sum(lo * n for (lo, _), (_, n) in zip(step_bands, phases)), gpus, mtbf(1 - spread), ckpt,
+                inputs.restart_s)
+    worst = _run(sum(hi * n for (_, hi), (_, n) in zip(step_bands, phases)), gpus, mtbf(1 + spread), ckpt,
+                 inputs.restart_s)
     price = inputs.price_per_gpu_hour if inputs.price_per_gpu_hour is not None else cluster_price
     pue = inputs.pue if inputs.pue is not None else (cluster_pue if cluster_pue is not None else 1.0)
     tokens = sum(p["inputs"]["training"]["global_batch"] * p["inputs"]["training"]["seq_len"] * n for p, n in phases)
     share = [w / sum(work) for w in work]
+    mfu = sum(p["prediction"]["mfu"] * s for p, s in zip(plans, share))  # weighted by each phase's time
     breakdown: dict = {}
     for p, s in zip(plans, share):
         step = p["prediction"]["step_time_s"]
@@ -181,9 +190,7 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
         "step_time_s": plans[-1]["prediction"]["step_time_s"], "days": mid["wall_s"] / 86400,
         "days_band": band("wall_s", 1 / 86400), "gpu_hours": mid["gpu_hours"], "gpu_hours_band": band("gpu_hours"),
         "tokens_per_s": tokens / mid["wall_s"], "tokens_per_s_band": [tokens / worst["wall_s"], tokens / best["wall_s"]],
-        "mfu": sum(p["prediction"]["mfu"] * s for p, s in zip(plans, share)),
-        "mfu_band": [sum(p["prediction"]["mfu"] * s for p, s in zip(plans, share)) * mid["work_s"] / worst["work_s"],
-                     sum(p["prediction"]["mfu"] * s for p, s in zip(plans, share)) * mid["work_s"] / best["work_s"]],
+        "mfu": mfu, "mfu_band": [mfu * mid["work_s"] / worst["work_s"], mfu * mid["work_s"] / best["work_s"]],
         "goodput": mid["goodput"], "goodput_band": [worst["goodput"], best["goodput"]],
         # without failures there is no MTBF and no interval to checkpoint at (null, not Infinity)
         "mtbf_h": _finite(mtbf(1.0) / 3600), "checkpoint_s": ckpt, "checkpoint_interval_s": _finite(mid["interval_s"]),
@@ -367,17 +374,16 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
         row["front"] = on
     notes = [f"failure rate {inputs.failure_rate_per_gpu_hour:.3g} per GPU-hour"
              + (f" ({FAILURE_PRESET['source']}; a forecast of that run is in-sample)"
-                if inputs.failure_rate_per_gpu_hour == FAILURE_PRESET["rate_per_gpu_hour"] else "")]
+                if inputs.preset("failure_rate_per_gpu_hour") else "")]
     if inputs.async_checkpoint:
         notes.append(f"asynchronous checkpoints block for the device-to-host copy at {inputs.host_copy_GBps:g} GB/s "
-                     "per GPU" + (" (assumed)" if inputs.host_copy_GBps == HOST_COPY_GBPS else ""))
+                     "per GPU" + (" (assumed)" if inputs.preset("host_copy_GBps") else ""))
     else:
         notes.append(f"checkpoints written at min({inputs.storage_aggregate_GBps:g} GB/s, nodes x "
                      f"{inputs.storage_node_GBps:g} GB/s)"
-                     + (f" ({STORAGE_PRESET['source']})" if inputs.storage_aggregate_GBps == STORAGE_PRESET[
-                         "aggregate_GBps"] else "")
-                     + (" (per node: assumed)" if inputs.storage_node_GBps == NODE_WRITE_GBPS else ""))
-    if inputs.restart_s == RESTART_S:
+                     + (f" ({STORAGE_PRESET['source']})" if inputs.preset("storage_aggregate_GBps") else "")
+                     + (" (per node: assumed)" if inputs.preset("storage_node_GBps") else ""))
+    if inputs.preset("restart_s"):
         notes.append(f"restart after a failure {RESTART_S:g} s (assumed; --restart-s)")
     notes.append("the front is " + ("days against cost" if priced else "days against GPU-hours (no price given)"))
     return {"schema": SCHEMA, "planner_version": __version__,

@@ -10,15 +10,22 @@ from planner.errors import SpecError
 FORMATS = ("png", "svg")
 
 
-def forecast_figure(doc: dict, fmt: str) -> bytes:
-    """The figure of a planner.forecast/v1 document as `fmt` bytes (SpecError naming the extra
-    when matplotlib is not installed)."""
-    if fmt not in FORMATS:
-        raise SpecError(f"--plot: expected a .png or .svg file, got .{fmt}")
+def plot_format(path: str) -> str:
+    """The format a --plot file asks for ('png' or 'svg'), once matplotlib is known to be
+    there: SpecError naming the suffix or the missing extra, before any work is done."""
+    suffix = str(path).rsplit(".", 1)[-1].lower() if "." in str(path) else ""
+    if suffix not in FORMATS:
+        raise SpecError(f"--plot {path}: expected a .png or .svg file")
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         raise SpecError("--plot needs matplotlib: pip install 'llm-parallel-planner[plot]'") from None
+    return suffix
+
+
+def forecast_figure(doc: dict, fmt: str) -> bytes:
+    """The figure of a planner.forecast/v1 document as `fmt` bytes (a format plot_format gave)."""
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -250,3 +250,12 @@ def test_a_forecast_takes_plans_strategy_constraints():
     bad = json.loads(run("forecast", "-m", "llama3-70b", "-c", "dgx-h100", "--gpus", "64", "--global-batch", "512",
                          "--tokens", "1e11", "--tp", "3", "--format", "json").stdout)
     assert "no legal strategy" in bad["rows"][0]["infeasible"]
+
+
+def test_only_the_values_a_user_did_not_give_are_called_presets_or_assumptions():
+    args = ("forecast", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "64", "--global-batch", "512", "--tokens", "1e11",
+            "--format", "json")
+    default = json.loads(run(*args).stdout)["notes"]
+    assert any("restart" in n and "assumed" in n for n in default) and any("in-sample" in n for n in default)
+    given = json.loads(run(*args, "--restart-s", "600", "--failure-rate", "1.9728e-05").stdout)["notes"]
+    assert not any("restart" in n for n in given) and not any("in-sample" in n for n in given)

@@ -471,8 +471,7 @@ def _tables(prof, rules, width: int, counts: bool = False, cutoff: float = float
     every count the ILP may choose afterwards (one count for every stage, the runtime's rule).
     A count the strategy fixes (recompute_layers, at most the range's length) is no choice: the
     tables are then exact."""
-    s, L, p = prof.strategy, prof.model.layers, prof.strategy.pp
-    free_counts = _counts_free(s, rules)
+    L, p = prof.model.layers, prof.strategy.pp
     i, a, n = _ranges(p, L, width)
     m = prof.microbatches
     if cutoff < float("inf") and m > 1:
