@@ -106,6 +106,11 @@ class RuntimeRules:
     'default' (reshard_after_forward = not pp_enabled). That is the traffic and memory of ZeRO-1
     (priced_zero)."""
 
+    ep_overlap: bool = False
+    """can overlap the expert all-to-alls of one micro-batch with the computation of another
+    (Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm; priced by
+    cost/step.layer_cost, its rules in ep_overlap_problems)"""
+
     def priced_zero(self, zero, pp):
         """The ZeRO stage whose traffic and memory a plan's `zero` has under this runtime with
         `pp` stages (pp_defers_sharding); elementwise over arrays."""
@@ -164,13 +169,14 @@ class RuntimeRules:
 RUNTIME_RULES: dict[str, RuntimeRules] = {
     "ideal": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True,
                           "the ideal space: no runtime's restrictions (for what-if analysis; no runtime may run "
-                          "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2")),
+                          "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
+                          ep_overlap=True),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
                              tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                              # validate_args: "Expert parallelism is not supported with fp16 training."
-                             ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True),
+                             ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, layers split evenly (pp divides them), activation checkpointing of "
@@ -233,6 +239,37 @@ def dispatcher_refusal(runtime: str, requested: str) -> str | None:
     if not requested or requested in runs:
         return None
     return f"runtime {runtime} has no {requested} MoE dispatcher (it runs {', '.join(runs)})"
+
+
+def ep_overlap_refusal(runtime: str, ep_overlap: bool) -> str | None:
+    """Why `runtime` cannot overlap expert all-to-alls with computation (None when it can or
+    when the setup does not ask for it)."""
+    if not ep_overlap or RUNTIME_RULES[runtime].ep_overlap:
+        return None
+    return f"runtime {runtime} has no expert-parallel communication overlap (--ep-overlap)"
+
+
+def ep_overlap_problems(s, model) -> list[str]:
+    """The rules of overlapping expert all-to-alls with computation, as Megatron-Core (the one
+    runtime that runs it) states them (megatron-core 0.16.0 TransformerConfig.__post_init__ under
+    overlap_moe_expert_parallel_comm): expert parallelism, interleaved stages when there are
+    pipeline stages (its combined 1F1B pairs one micro-batch's forward with another's backward
+    chunk by chunk), no full recomputation, at most one MTP layer and with one, pipeline stages.
+    search/space.py enumerates by the same rules (the MTP ones are the model's: planning refuses
+    such a setup)."""
+    problems = []
+    if s.ep <= 1:
+        problems.append(f"ep-overlap needs expert parallelism (ep {s.ep})")
+    if s.pp > 1 and s.vpp <= 1:
+        problems.append(f"ep-overlap with pipeline stages needs interleaving (pp {s.pp}, vpp {s.vpp})")
+    if s.recompute == "full":
+        problems.append("ep-overlap runs no full recomputation")
+    mtp = getattr(model, "mtp_layers", 0)
+    if mtp > 1:
+        problems.append(f"ep-overlap runs at most one MTP layer (the model has {mtp})")
+    elif mtp == 1 and s.pp == 1:
+        problems.append("ep-overlap with an MTP layer needs pipeline stages (pp 1)")
+    return problems
 
 
 def shipped_names(runtime: str) -> str:

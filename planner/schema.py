@@ -9,7 +9,7 @@ optional keys that later features fill: runnable_on (the runtimes that execute t
 pools (mixed clusters). A v1 plan lacks the first three; diff, check, export and ranks read it.
 Later optional v2 keys: inputs.runtimes, alternatives[].runtime and best_per_runtime (a search
 over the union of several runtimes' spaces, the default), and training.runtime 'ideal' (the
-old 'any', still read as 'ideal').
+old 'any', still read as 'ideal'), and inputs.training.ep_overlap.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 from planner.cost.memory import MEMORY_KEYS
 from planner.cost.step import BREAKDOWN_KEYS
 from planner.errors import PlanFormatError
+from planner.runtimes import OLD_NAMES, TARGETS
 
 _NUM = {"type": "number"}
 _INT = {"type": "integer", "minimum": 1}
@@ -60,11 +61,12 @@ PREDICTION = _obj({**_PREDICTION_V1, "hfu": _NUM, "band": BAND})
 _TRAINING = {"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
              "precision": {"type": "string", "enum": ["bf16", "fp16", "fp8"]},
              "attention": {"type": "string", "enum": ["flash", "eager"]},
-             "runtime": {"type": "string", "enum": ["ideal", "any", "megatron", "deepspeed", "torchtitan"]}}
+             "runtime": {"type": "string", "enum": ["ideal", *OLD_NAMES, *TARGETS]}}
 TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
-                 "moe_dispatcher": {"type": "string", "enum": ["alltoall", "dedup"]}},
+                 "moe_dispatcher": {"type": "string", "enum": ["alltoall", "dedup"]}, "ep_overlap": _BOOL},
                 required=[*_TRAINING, "memory_headroom"])
-"""moe_dispatcher only where the request named one (else the runtime's own)"""
+"""moe_dispatcher only where the request named one (else the runtime's own); ep_overlap only
+where it is on"""
 _SOLVER = _obj({"name": _STR, "time_limit_s": _NUM})
 _INPUTS = {"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,
            "constraints": {"type": "object"}, "solver": _SOLVER, "sha256": _STR}

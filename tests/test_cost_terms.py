@@ -468,3 +468,55 @@ def test_fsdp_under_pipeline_stages_is_priced_as_the_runtime_runs_it(runtime):
     assert (priced(2, 3) == priced(2, 1)) == defers
     assert priced(1, 3) != priced(1, 1)
     assert priced(1, 3)[1] < priced(1, 1)[1]  # sharded weights and gradients without stages
+
+
+@pytest.mark.parametrize("model_name, span, hides", [("mixtral-8x7b", Span(8, 8, 1), True),
+                                                     ("deepseek-v3", Span(64, 2, 32), False)])
+def test_overlapped_expert_all_to_alls_show_what_the_computation_cannot_cover(model_name, span, hides):
+    """--ep-overlap (Megatron-Core's combined 1F1B): a layer's all-to-alls A beside its
+    computation C show as max(0, A - C) + min(A, C) * f / (1 - f), f the SM share of the
+    communication kernels; nothing else of the layer changes, and a layer without experts has
+    nothing to overlap. Mixtral's inside one node hide (A < C); DeepSeek-V3's 256 small experts
+    over 32 nodes, two ranks a node, do not (A > C)."""
+    from planner.cost.step import EP_OVERLAP_SM_SHARE as f
+    cluster = load_cluster("dgx-h100")
+    layer = next(k for k in build_layers(load_model(model_name)) if k.experts)
+    ctx = Ctx(micro_batch=1, seq_len=4096, tp=1, ep=span.size)
+    one = Span(1, 1, 1)
+    plain = layer_cost(layer, ctx, cluster, "bf16", one, one, span, "cudnn", False, False, False)
+    over = layer_cost(layer, ctx, cluster, "bf16", one, one, span, "cudnn", False, False, True)
+    a, c = plain.ep, plain.fwd + plain.bwd
+    assert a > 0 and (a < c) == hides
+    assert over.ep == pytest.approx(max(0.0, a - c) + min(a, c) * f / (1 - f))
+    assert over.ep < a
+    assert replace(over, ep=a) == plain
+    dense = build_layers(load_model("llama3-8b"))[0]
+    assert layer_cost(dense, Ctx(micro_batch=2, seq_len=4096), cluster, "bf16", one, one, one, "cudnn", False, False,
+                      True).ep == 0.0
+
+
+def test_expert_overlap_is_refused_where_it_cannot_run():
+    """A runtime without it refuses the setup; Megatron-Core's rules refuse the strategies its
+    combined 1F1B cannot run; a dense model has nothing to overlap."""
+    from planner.errors import SpecError
+    from planner.planning import estimate_plan
+    with pytest.raises(SpecError, match="runtime deepspeed has no expert-parallel communication overlap"):
+        TrainingSetup(gpus=8, global_batch=8, seq_len=128, runtime="deepspeed", ep_overlap=True)
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100")
+
+    def priced(runtime="megatron", name="mixtral-8x7b", **knobs):
+        return estimate_plan(load_model(name), cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16",
+                             attention="flash", runtime=runtime, constraints=knobs, ep_overlap=True)
+    for knobs, why in (({"ep": 1}, "needs expert parallelism"), ({"ep": 8, "pp": 2}, "needs interleaving"),
+                       ({"ep": 8, "recompute": "full"}, "runs no full recomputation")):
+        with pytest.raises(SpecError, match=why):
+            priced(**knobs)
+    with pytest.raises(SpecError, match="llama3-8b has no experts"):
+        priced(name="llama3-8b")
+    plan = priced(ep=8, pp=2, vpp=2)
+    assert plan["inputs"]["training"]["ep_overlap"] is True
+    assert [r["runtime"] for r in plan["runnable_on"]] == ["megatron"]
+    plain = estimate_plan(model, cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16",
+                          attention="flash", runtime="megatron", constraints={"ep": 8, "pp": 2, "vpp": 2})
+    assert "ep_overlap" not in plain["inputs"]["training"]  # plans without it keep their bytes
+    assert plan["prediction"]["step_time_s"] < plain["prediction"]["step_time_s"]

@@ -320,3 +320,77 @@ def test_megatron_cores_rank_generator_forms_the_groups_the_plan_prices(tp, cp, 
                         ("pp", dense.get_ranks("pp")), ("dpcp", dense.get_ranks("dp-cp")),
                         ("ep", expert.get_ranks("ep")), ("edp", expert.get_ranks("dp"))):
         assert ours(dim) == sorted(sorted(g) for g in theirs), dim
+
+
+# ------------------------------------------------------------------ Megatron-Core's expert overlap
+
+@pytest.mark.parametrize("ep", [1, 2])
+@pytest.mark.parametrize("pp, vpp", [(1, 1), (2, 1), (2, 2)])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("mtp", [0, 1, 2])
+def test_the_expert_overlap_rules_are_megatron_cores(ep, pp, vpp, recompute, mtp):
+    """The strategies runtimes.ep_overlap_problems refuses under --ep-overlap are exactly those
+    megatron-core 0.16.0's TransformerConfig rejects with overlap_moe_expert_parallel_comm."""
+    import warnings
+
+    import torch
+
+    from planner.runtimes import ep_overlap_problems
+    from planner.spec.model import ModelSpec, MoeSpec
+    from planner.spec.training import Strategy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no Transformer Engine or Apex on CPU
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    config = dict(num_layers=8, hidden_size=256, num_attention_heads=8, num_moe_experts=8, moe_router_topk=2,
+                  expert_model_parallel_size=ep, pipeline_model_parallel_size=pp, pipeline_dtype=torch.bfloat16,
+                  virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None, bf16=True,
+                  params_dtype=torch.bfloat16, moe_token_dispatcher_type="alltoall",
+                  overlap_moe_expert_parallel_comm=True, mtp_num_layers=mtp or None)
+    if recompute == "full":
+        config.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif recompute == "selective":
+        config.update(recompute_granularity="selective")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its advice on settings the test leaves at their defaults
+        try:
+            TransformerConfig(**config)
+            accepted = True
+        except (AssertionError, ValueError):
+            accepted = False
+    model = ModelSpec(name="m", layers=8, hidden=256, heads=8, ffn_hidden=1024, vocab=1000, mtp_layers=mtp,
+                      moe=MoeSpec(experts=8, top_k=2, expert_ffn_hidden=1024))
+    s = Strategy(dp=2, pp=pp, ep=ep, vpp=vpp, recompute=recompute,
+                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+    assert (not ep_overlap_problems(s, model)) == accepted
+
+
+def test_an_overlapped_expert_plan_exports_to_megatron_alone():
+    """Megatron's export carries --overlap-moe-expert-parallel-comm and, without tp or cp, the
+    larger CUDA_DEVICE_MAX_CONNECTIONS the overlap needs; runtimes without it refuse the plan,
+    and a plan without it exports no such flag."""
+    from planner.errors import ExportError
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100")
+
+    def planned(**kw):
+        return estimate_plan(model, cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16",
+                             attention="flash", runtime="megatron", constraints={"ep": 8, "pp": 2, "vpp": 2}, **kw)
+    plan = planned(ep_overlap=True)
+    assert "--overlap-moe-expert-parallel-comm" in export(plan, "megatron").split()
+    CHECKS["megatron"](plan)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in export(plan, "megatron", "launch")
+    for other in ("deepspeed", "torchtitan", "nanotron"):
+        with pytest.raises(ExportError):
+            export(plan, other)
+    assert "--overlap-moe-expert-parallel-comm" not in export(planned(), "megatron")
+
+
+@pytest.mark.parametrize("runtime", [*TARGETS, "ideal"])
+def test_a_plan_for_any_runtime_reads_back(runtime, tmp_path):
+    """check, diff and export read a plan file through its schema: a plan made for any runtime the
+    CLI offers reads back (--runtime nanotron plans once failed the schema's runtime list)."""
+    from planner.plan import dumps, read_plan, write_atomic
+    plan = make_plan(load_model("llama3-8b"), load_cluster("dgx-h100"), gpus=8, global_batch=64, seq_len=4096,
+                     precision="bf16", attention="flash", runtime=runtime, constraints={}, top=0)
+    path = tmp_path / "plan.json"
+    write_atomic(path, dumps(plan))
+    assert read_plan(path)["inputs"]["training"]["runtime"] == runtime

@@ -254,10 +254,11 @@ def brute_force_ranked(model, setup, fixed):
                 dp = setup.gpus // (tp * cp * pp)
                 if cp > 1 and setup.seq_len // cp < space.MIN_CP_TOKENS:
                     continue
-                for mb, vpp in _micro_batches_and_vpps(model, setup, dp, pp):
+                eps = [1] if model.moe is None else [e for e in space.divisors(dp * cp) if model.moe.experts % e == 0]
+                for (mb, vpp), ep in itertools.product(_micro_batches_and_vpps(model, setup, dp, pp), eps):
                     for mode in ("none", "selective"):
                         for zero in (0, 1, 2, 3):
-                            s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, vpp=vpp, micro_batch=mb, zero=zero,
+                            s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, micro_batch=mb, zero=zero,
                                          recompute=mode, sequence_parallel=tp > 1, order=fixed["order"],
                                          schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
                             if any(getattr(s, k) != v for k, v in fixed.items()):
@@ -313,6 +314,38 @@ def test_search_equals_brute_force(instance):
     assert [c.step_time_s for c in result.alternatives] == pytest.approx(ranked[1:4], rel=TIE)
     for knob, value in fixed.items():
         assert getattr(result.best.strategy, knob) == value
+
+
+@st.composite
+def moe_instances(draw):
+    """Small MoE setups whose expert all-to-alls are overlapped (--ep-overlap, ideal space)."""
+    heads = draw(st.sampled_from([4, 8]))
+    experts = draw(st.sampled_from([4, 8]))
+    model = ModelSpec(name="tiny-moe", layers=draw(st.integers(2, 4)), hidden=heads * 64, heads=heads,
+                      ffn_hidden=512, vocab=draw(st.sampled_from([1000, 32000])), ffn_act="swiglu", seq_len=2048,
+                      moe=MoeSpec(experts=experts, top_k=draw(st.sampled_from([1, 2])),
+                                  expert_ffn_hidden=draw(st.sampled_from([128, 512]))))
+    setup = TrainingSetup(gpus=draw(st.sampled_from([8, 16])), global_batch=16, seq_len=2048, ep_overlap=True)
+    fixed = {"order": "tp-cp-ep-dp-pp", "zero": draw(st.sampled_from([0, 1])),
+             "recompute": draw(st.sampled_from(["none", "selective"]))}
+    return model, setup, fixed
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(moe_instances())
+def test_search_equals_brute_force_with_overlapped_expert_all_to_alls(instance):
+    """Under --ep-overlap the search's space is the rules' (ep > 1, interleaving with pipeline
+    stages: runtimes.ep_overlap_problems) and its best four are brute force's."""
+    model, setup, fixed = instance
+    result = search(model, CLUSTER, setup, fixed, top=3)
+    ranked = brute_force_ranked(model, setup, fixed)
+    if not ranked:
+        assert result.best is None
+        return
+    assert result.proven_optimal
+    assert result.best.step_time_s == pytest.approx(ranked[0], rel=TIE)
+    assert [c.step_time_s for c in result.alternatives] == pytest.approx(ranked[1:4], rel=TIE)
+    assert result.best.strategy.ep > 1 and (result.best.strategy.pp == 1 or result.best.strategy.vpp > 1)
 
 
 def test_full_recompute_counts_match_brute_force_on_a_fixed_split():
@@ -783,8 +816,8 @@ def test_a_sweep_in_chunks_plans_each_count_as_alone(constraints):
 @given(st.integers(0, 10**6))
 def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
     """The search prunes by the cost model's bounds; each must stay below the price of every split
-    and recompute count its candidate can take (with the measured kernels, the runtime's TP overlap
-    and the slowest groups priced): random candidates of random small dense and MoE setups on H100,
+    and recompute count its candidate can take (with the measured kernels, the runtime's TP overlap,
+    overlapped expert all-to-alls and the slowest groups priced): random candidates of random small dense and MoE setups on H100,
     their first and refined bounds against `estimate` on random splits and counts."""
     from planner.search import bounds as bounds_mod
     from planner.search.floors import SAFETY
@@ -796,6 +829,8 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
                       vocab=int(rng.choice([32000, 128000])), ffn_act="swiglu", seq_len=4096, moe=moe)
     setup = TrainingSetup(gpus=int(rng.choice([8, 16])), global_batch=32, seq_len=int(rng.choice([2048, 4096])),
                           runtime=str(rng.choice(["any", "torchtitan"])))
+    if moe is not None and setup.runtime == "ideal" and rng.random() < 0.5:
+        setup = replace(setup, ep_overlap=True)  # the expert all-to-alls overlapped (--ep-overlap)
     found = bounds_mod.bound_all(model, CLUSTER, setup, {}, space.RUNTIME_RULES[setup.runtime])
     picks = rng.choice(len(found.bound_s), size=min(12, len(found.bound_s)), replace=False)
     refined, _ = found.refined_s(np.sort(picks))

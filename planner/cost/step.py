@@ -38,6 +38,11 @@ ELEMENTWISE_BWD_FACTOR = 1.0
 and what it saved and writes one gradient, about what its forward moved (dropout, bias-add,
 residual, GeLU); Korthikanti 2022 Table 4 shows sequence parallelism saving 0.5 ms forward but
 only 0.1 ms backward, so backward elementwise time is no larger than forward"""
+EP_OVERLAP_SM_SHARE = 20 / 132
+"""share of the GPU's SMs the expert all-to-all kernels hold while they run beside computation
+(layer_cost, ep_overlap): megatron-core 0.16.0's moe_deepep_num_sms default (20; HybridEP's
+moe_hybridep_num_sms is 16) of an H100's 132 SMs; physically between 16/148 (HybridEP on B200)
+and 20/108 (DeepEP on A100), 0.11-0.19"""
 ADAM_BYTES_PER_PARAM = 38
 """HBM traffic of one fused Adam step per parameter: read fp32 master, grad, m, v (16), write
 master, m, v (12), write the 16-bit weight (2), plus grad-norm read and zeroing (8)"""
@@ -130,12 +135,21 @@ def attention_core_s(layer: Layer, ctx: Ctx, w, cluster: Cluster, precision: str
 @lru_cache(maxsize=65536)
 def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span: Span, cp_span: Span,
                ep_span: Span, kernel: str | None = None, tp_overlap: bool = False,
-               ep_dedup: bool = False) -> LayerCost:
+               ep_dedup: bool = False, ep_overlap: bool = False) -> LayerCost:
     """Forward, backward and recompute time of one layer (formulas in the module docstring);
     `kernel`: the flash attention kernel the runtime runs (runtimes.attention_kernel);
     `tp_overlap`: whether it hides tensor-parallel collectives behind the GEMMs; `ep_dedup`:
     whether its MoE dispatcher sends a token once per node and rank (comm.dispatch_time_s)
-    rather than once per expert (runtimes.py)."""
+    rather than once per expert (runtimes.py).
+
+    `ep_overlap` (Megatron-Core's combined 1F1B: the forward of one micro-batch runs beside the
+    backward of another, layer by layer, each one's all-to-alls beside the other's computation):
+    of a layer's expert all-to-alls A (forward and backward) and its computation C (forward and
+    backward), what shows is
+        ep = max(0, A - C) + min(A, C) * f / (1 - f),   f = EP_OVERLAP_SM_SHARE,
+    the all-to-all time no computation covers, plus the slowdown of the computation that ran on
+    the SMs the communication kernels left. Priced as if every pass had a partner: a pipeline's
+    warm-up and cool-down passes have none, so this is optimistic by at most their share."""
     eff, gpu = cluster.efficiency, cluster.gpu
     w = layer_work(layer, ctx)
     gemm = sum(compute.gemm_time_s(f, i, gpu, precision, eff) for f, i in w.gemms)
@@ -161,8 +175,12 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     else:
         ep_one = w.ep_collectives * comm.collective_time_s("all_to_all", w.ep_message_bytes, ep_span, cluster)
     recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]
+    ep = 2 * ep_one
+    if ep_overlap:
+        covered = min(ep, fwd + bwd)
+        ep = ep - covered + covered * EP_OVERLAP_SM_SHARE / (1.0 - EP_OVERLAP_SM_SHARE)
     none = layer_work(layer, _variant(ctx, "none", ctx.ep))
-    return LayerCost(fwd=fwd, bwd=bwd, recompute=recompute, tp=2 * tp_one, cp=cp, ep=2 * ep_one,
+    return LayerCost(fwd=fwd, bwd=bwd, recompute=recompute, tp=2 * tp_one, cp=cp, ep=ep,
                      saved=w.saved.total, saved_main=w.saved.main, saved_none=none.saved.total,
                      params=w.params_local, expert_params=w.expert_params_local,
                      gemm_weights=w.gemm_weight_params)
@@ -313,7 +331,7 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
     return _layer_tables(model, cluster, setup.precision, layer_ctx(model, setup, tp, cp, ep, micro_batch,
                                                                     sequence_parallel),
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
-                         tp_overlap(setup.runtime), setup.dispatcher == "dedup")
+                         tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap)
 
 
 def kernel_of(cluster: Cluster, setup: TrainingSetup) -> str | None:
@@ -349,7 +367,7 @@ def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: 
 @lru_cache(maxsize=4096)
 def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx, base_mode: str,
                   tp_span: Span, cp_span: Span, ep_span: Span, kernel: str | None, overlap: bool,
-                  ep_dedup: bool = False) -> LayerTables:
+                  ep_dedup: bool = False, ep_overlap: bool = False) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order)."""
     gpu, eff = cluster.gpu, cluster.efficiency
@@ -359,7 +377,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
 
     def costs(mode):
         return [layer_cost(k, _kind_ctx(base, k, mode), cluster, precision, tp_span, cp_span,
-                           ep_span if k.experts else no_group, kernel, overlap, ep_dedup) for k in kinds]
+                           ep_span if k.experts else no_group, kernel, overlap, ep_dedup, ep_overlap)
+                for k in kinds]
 
     # only strategies with recompute 'full' read the full-recompute rows, and their base mode is
     # 'none': a 'selective' table never recomputes a layer fully, so its rows repeat the base's

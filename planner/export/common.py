@@ -62,6 +62,8 @@ class PlanView:
     stages: tuple[Stage, ...]
     dispatcher: str = "alltoall"
     """the MoE dispatcher the plan was priced with (TrainingSetup.dispatcher)"""
+    ep_overlap: bool = False
+    """expert all-to-alls overlapped with another micro-batch's computation (TrainingSetup.ep_overlap)"""
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
@@ -115,7 +117,9 @@ def read(plan: dict) -> PlanView:
     return PlanView(model=model, attention=training.get("attention", "flash"),
                     dp_overlap=strategy.get("dp_overlap", True), order=_get(plan, "placement.order"),
                     stages=tuple(stages),
-                    dispatcher=dispatcher(record_name(training.get("runtime", "ideal")), training.get("moe_dispatcher", "")), **t, **s)
+                    dispatcher=dispatcher(record_name(training.get("runtime", "ideal")),
+                                          training.get("moe_dispatcher", "")),
+                    ep_overlap=training.get("ep_overlap", False) is True, **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:
@@ -165,14 +169,19 @@ def check_transformer(v: PlanView, runtime: str) -> None:
 
 
 def check_record(v: PlanView, record: str, runtime: str) -> None:
-    """What the runtime's capability record (planner/runtimes.py) refuses of the plan's strategy,
-    the record the search and `estimate --runtime` read: an exporter refuses at least that."""
-    from planner.runtimes import RUNTIME_RULES
+    """What the runtime's capability record (planner/runtimes.py) refuses of the plan's strategy
+    and of its expert-parallel overlap, the record the search and `estimate --runtime` read: an
+    exporter refuses at least that."""
+    from planner.runtimes import RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal
     from planner.spec.training import Strategy
     s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
                  recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
                  schedule=v.schedule, order=v.order)
     why = RUNTIME_RULES[record].refusal(s, v.model)
+    if not why and v.ep_overlap and ep_overlap_refusal(record, True):
+        why = "expert all-to-alls overlapped with computation (--ep-overlap)"
+    if not why and v.ep_overlap and (problems := ep_overlap_problems(s, v.model)):
+        raise ExportError(f"cannot export to {runtime}: " + "; ".join(problems))
     if why:
         raise ExportError(f"cannot export to {runtime}: {runtime} does not run {why}")
 

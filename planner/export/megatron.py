@@ -77,6 +77,9 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
            "set -euo pipefail"]
     if (v.tp > 1 or v.cp > 1) and family != "blackwell":
         out.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # required by validate_args with tp or cp > 1 before Blackwell")
+    elif v.ep_overlap:
+        out.append("export CUDA_DEVICE_MAX_CONNECTIONS=32  # overlapped expert all-to-alls need more than one queue "
+                   "(validate_args; Megatron-Bridge's recipes set 32)")
     out.append(f'torchrun --nproc-per-node {per_node} --nnodes {nodes} --node-rank "${{NODE_RANK:-0}}" '
                f'--master-addr "${{MASTER_ADDR:-localhost}}" --master-port "${{MASTER_PORT:-6000}}" \\')
     out.append('  "$MEGATRON/pretrain_gpt.py" \\')
@@ -154,6 +157,8 @@ def _model(v: PlanView) -> list[Arg]:
             args += [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep", None)]
         else:
             args += [("--moe-token-dispatcher-type", "alltoall")]
+        if v.ep_overlap:  # combined 1F1B: one micro-batch's all-to-alls beside another's computation
+            args += [("--overlap-moe-expert-parallel-comm", None)]
     return args
 
 

@@ -130,7 +130,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
     candidates of all of them are bounded as one set of arrays (what costs is the number of
     array operations more than their length), then sorted and split by setup; the Bounds of
     each are those bound_all gives it alone."""
-    modes = space.recompute_modes(fixed, rules)
+    modes = space.recompute_modes(fixed, rules, setups[0].ep_overlap)
     shape = _shape(replace(setups[0], gpus=1, global_batch=1, memory_headroom=0.0))
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
     span_ids: dict = {}
@@ -151,7 +151,8 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
                 zero_sets[zkey] = tuple(z for z in (rules.zero_with_pp if pp > 1 else rules.zero)
                                         if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
             zeros = zero_sets[zkey]
-            for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules, setup.precision):
+            for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules, setup.precision,
+                                      setup.ep_overlap):
                 placed = set()
                 for o, order in enumerate(orders):
                     if not rules.order_runs(order, cp, pp, ep) or not has_expert_layout(order, tp, cp, dp, pp, ep):
@@ -246,7 +247,8 @@ def _rows(model, setup, fixed, rules, modes, shape, placements, setups: int) -> 
     # the vpps of each (pp, micro-batches)
     pairs, pair_id = _keys(rows["pp"], rows["m"])
     vpp_ids: dict = {}
-    per_pair = [vpp_ids.setdefault(tuple(space.vpp_options(model, pp, m, fixed.get("vpp"), rules)), len(vpp_ids))
+    per_pair = [vpp_ids.setdefault(tuple(space.vpp_options(model, pp, m, fixed.get("vpp"), rules, setup.ep_overlap)),
+                                   len(vpp_ids))
                 for pp, m in pairs]
     rows["vpps"] = np.array(per_pair, dtype=np.int64)[pair_id]
     size = np.array([len(v) for v in vpp_ids])[rows["vpps"]] * rows["nzeros"]

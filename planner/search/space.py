@@ -46,10 +46,12 @@ def allowed(values, fixed):
     return [v for v in values if fixed is None or v == fixed]
 
 
-def recompute_modes(fixed: dict, rules: RuntimeRules | None = None) -> list[str]:
+def recompute_modes(fixed: dict, rules: RuntimeRules | None = None, ep_overlap: bool = False) -> list[str]:
     """The recompute modes the runtime runs and the constraints leave: a fixed count of
-    recomputed layers (recompute_layers) is a knob of 'full' only."""
-    modes = [m for m in RECOMPUTES if rules is None or m in rules.recompute_modes]
+    recomputed layers (recompute_layers) is a knob of 'full' only; ep_overlap runs no full
+    recomputation (runtimes.ep_overlap_problems)."""
+    modes = [m for m in RECOMPUTES if (rules is None or m in rules.recompute_modes)
+             and not (ep_overlap and m == "full")]
     return allowed(modes, fixed.get("recompute", "full" if "recompute_layers" in fixed else None))
 
 
@@ -80,20 +82,29 @@ def degree_tuples(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixe
                     continue
                 if rules.uneven_split == "none" and model.layers % pp:
                     continue  # every stage the same layer count
+                if pp == 1 and setup.ep_overlap and getattr(model, "mtp_layers", 0) == 1:
+                    continue  # runtimes.ep_overlap_problems
                 yield tp, cp, pp, dp
 
 
 def ep_options(model: ModelSpec, dp: int, cp: int, fixed: int | None, rules: RuntimeRules,
-               precision: str = "bf16") -> list[int]:
+               precision: str = "bf16", ep_overlap: bool = False) -> list[int]:
+    """Expert-parallel degrees: divisors of experts and dp*cp; more than 1 under ep_overlap
+    (runtimes.ep_overlap_problems)."""
     if model.moe is None or not rules.expert_parallel or precision not in rules.ep_precisions:
-        return allowed([1], fixed)
-    return allowed([e for e in divisors(math.gcd(model.moe.experts, dp * cp))], fixed)
+        return allowed([] if ep_overlap else [1], fixed)
+    return allowed([e for e in divisors(math.gcd(model.moe.experts, dp * cp)) if e > 1 or not ep_overlap], fixed)
 
 
-def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None, rules: RuntimeRules) -> list[int]:
+def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None, rules: RuntimeRules,
+                ep_overlap: bool = False) -> list[int]:
+    """Virtual stages per rank; with pipeline stages under ep_overlap, interleaved only
+    (runtimes.ep_overlap_problems)."""
     def legal(v: int) -> bool:
-        return v == 1 or (pp > 1 and rules.interleaving and microbatches % pp == 0 and pp * v <= model.layers
-                          and (not rules.even_chunks or model.layers % (pp * v) == 0))
+        if v == 1:
+            return not (ep_overlap and pp > 1)
+        return (pp > 1 and rules.interleaving and microbatches % pp == 0 and pp * v <= model.layers
+                and (not rules.even_chunks or model.layers % (pp * v) == 0))
 
     if fixed is not None:  # a constraint may go beyond MAX_VPP
         return [fixed] if legal(fixed) else []

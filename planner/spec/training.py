@@ -39,6 +39,9 @@ class TrainingSetup:
     moe_dispatcher: str = ""
     """how MoE tokens reach their experts: 'alltoall' or 'dedup' (runtimes.RuntimeRules.ep_dispatchers);
     '' = the runtime's own"""
+    ep_overlap: bool = False
+    """overlap the expert all-to-alls of one micro-batch with another's computation
+    (runtimes.RuntimeRules.ep_overlap; its rules: runtimes.ep_overlap_problems)"""
 
     def __post_init__(self) -> None:
         for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
@@ -50,14 +53,18 @@ class TrainingSetup:
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
-        from planner.runtimes import RUNTIME_RULES, dispatcher_refusal, precision_refusal, record_name
+        from planner.runtimes import (RUNTIME_RULES, dispatcher_refusal, ep_overlap_refusal, precision_refusal,
+                                      record_name)
         object.__setattr__(self, "runtime", record_name(self.runtime))
         if self.runtime not in RUNTIME_RULES:
             raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
         if self.moe_dispatcher not in ("", *MOE_DISPATCHERS):
             raise SpecError(f"moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
-        refused = precision_refusal(self.runtime, self.precision) or dispatcher_refusal(self.runtime,
-                                                                                         self.moe_dispatcher)
+        if not isinstance(self.ep_overlap, bool):
+            raise SpecError(f"ep-overlap must be true or false, got {self.ep_overlap!r}")
+        refused = (precision_refusal(self.runtime, self.precision)
+                   or dispatcher_refusal(self.runtime, self.moe_dispatcher)
+                   or ep_overlap_refusal(self.runtime, self.ep_overlap))
         if refused:
             raise SpecError(refused)
 
@@ -71,6 +78,8 @@ class TrainingSetup:
         out = asdict(self)
         if not self.moe_dispatcher:
             del out["moe_dispatcher"]  # the runtime's own: plans made before the knob read alike
+        if not self.ep_overlap:
+            del out["ep_overlap"]
         return out
 
 
@@ -165,6 +174,9 @@ def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
         problems.append(f"pp*vpp ({s.pp}*{s.vpp}) exceeds the model's layers ({model.layers})")
     if s.recompute_layers is not None and s.recompute_layers * s.pp > model.layers + s.pp:
         problems.append(f"recompute_layers ({s.recompute_layers}) exceeds the layers of a stage")
+    if setup.ep_overlap:
+        from planner.runtimes import ep_overlap_problems
+        problems += ep_overlap_problems(s, model)
     return problems
 
 
