@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from scipy.special import lambertw
 
 from planner.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
-from planner.errors import SpecError
+from planner.errors import InfeasibleError, SpecError
 
 CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES + OPTIMIZER_BYTES
 """16-bit weights plus fp32 master weights and Adam's two moments, as distributed checkpoints of
@@ -118,8 +118,10 @@ def goodput(interval_s: float, mtbf_s: float, checkpoint_s: float, restart_s: fl
         return 1.0
     if interval_s <= 0:
         return 0.0
-    m = mtbf_s
-    return interval_s / (m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m))
+    m, x = mtbf_s, (interval_s + checkpoint_s) / mtbf_s
+    # in logarithms (log expm1(x) = x + log1p(-e^-x)): failures far more frequent than the restart
+    # underflow to a goodput of 0 rather than overflow e^{R/M}
+    return math.exp(math.log(interval_s / m) - restart_s / m - x - math.log1p(-math.exp(-x)))
 
 
 def checkpoint_s(params: float, gpus: int, gpus_per_node: int, inputs: RunInputs,
@@ -169,6 +171,9 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
                 inputs.restart_s)
     worst = _run(sum(hi * n for (_, hi), (_, n) in zip(step_bands, phases)), gpus, mtbf(1 + spread), ckpt,
                  inputs.restart_s)
+    if not math.isfinite(worst["wall_s"]):
+        raise InfeasibleError(f"a failure every {mtbf(1.0):.3g} s on {gpus} GPUs (restart {inputs.restart_s:g} s, "
+                              f"checkpoint {ckpt:.3g} s): the run makes no progress")
     price = inputs.price_per_gpu_hour if inputs.price_per_gpu_hour is not None else cluster_price
     pue = inputs.pue if inputs.pue is not None else (cluster_pue if cluster_pue is not None else 1.0)
     tokens = sum(p["inputs"]["training"]["global_batch"] * p["inputs"]["training"]["seq_len"] * n for p, n in phases)
@@ -362,15 +367,20 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
                     row = {"cluster": cluster.name, "gpu": cluster.gpu.name, "gpus": n, "global_batch": phases[-1][0],
                            "infeasible": why}
                 else:
-                    row = forecast_row([(e["plan"], ph[2]) for ph, e in zip(phases, found)], params,
-                                       cluster.gpus_per_node, cluster.gpu.tdp_w, inputs, cluster.price_per_gpu_hour,
-                                       cluster.pue)
-                    series.append(row)
+                    try:
+                        row = forecast_row([(e["plan"], ph[2]) for ph, e in zip(phases, found)], params,
+                                           cluster.gpus_per_node, cluster.gpu.tdp_w, inputs,
+                                           cluster.price_per_gpu_hour, cluster.pue)
+                        series.append(row)
+                    except InfeasibleError as e:
+                        row = {"cluster": cluster.name, "gpu": cluster.gpu.name, "gpus": n,
+                               "global_batch": phases[-1][0], "infeasible": str(e)}
                 rows.append(row)
             knee = diminishing_return_gpus(series)
             if knee is not None:
                 knees.append({"cluster": cluster.name, "global_batch": phases[-1][0], "gpus": knee})
-    priced = all("cost" in r for r in rows if "days" in r)
+    timed = [r for r in rows if "days" in r]
+    priced = bool(timed) and all("cost" in r for r in timed)
     points = [((r["days"], r["cost"] if priced else r["gpu_hours"]) if "days" in r else None) for r in rows]
     for row, on in zip(rows, pareto_front(points)):
         row["front"] = on

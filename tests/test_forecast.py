@@ -259,3 +259,18 @@ def test_only_the_values_a_user_did_not_give_are_called_presets_or_assumptions()
     assert any("restart" in n and "assumed" in n for n in default) and any("in-sample" in n for n in default)
     given = json.loads(run(*args, "--restart-s", "600", "--failure-rate", "1.9728e-05").stdout)["notes"]
     assert not any("restart" in n for n in given) and not any("in-sample" in n for n in given)
+
+
+def test_failures_faster_than_the_restart_are_a_row_that_says_the_run_makes_no_progress():
+    """A failure rate whose mean time between failures is far below the restart (533 per GPU-hour
+    on 8 GPUs: one every 0.84 s against 600 s) once overflowed e^{R/M} (exit 70): the goodput
+    now underflows to 0 and the row says the run makes no progress, in strict JSON."""
+    assert goodput(100.0, 0.5, 5.0, 600.0) == 0.0  # e^-1400: below the smallest double
+    assert goodput(100.0, 1e6, 5.0, 600.0) == pytest.approx(
+        100.0 / (1e6 * math.exp(600.0 / 1e6) * math.expm1(105.0 / 1e6)), rel=1e-12)
+    out = run("forecast", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "64",
+              "--seq-len", "2048", "--tokens", "1e9", "--failure-rate", "533", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
+    (row,) = doc["rows"]
+    assert "makes no progress" in row["infeasible"] and "days" not in row
