@@ -338,6 +338,9 @@ class EndWork:
     params_total: float
     model_flops: float
     tp_message_bytes: float
+    logits: float = 0.0
+    """logit elements per GPU (the head's), which the loss holds bytes of at its peak
+    (runtimes.RuntimeRules.loss_bytes_per_logit)"""
 
 
 def embedding_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
@@ -357,7 +360,8 @@ def embedding_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
 
 LOGIT_SAVED_BYTES = 4
 """per logit element: Megatron's vocab-parallel cross entropy keeps only the fp32 softmax
-(exp_logits) for backward; the head GEMM keeps its input, not the logits (PyTorch agrees)"""
+(exp_logits) for backward; the head GEMM keeps its input, not the logits (PyTorch agrees). What
+the loss holds at its peak is the runtime's (runtimes.RuntimeRules.loss_bytes_per_logit)."""
 LOGIT_RW_BYTES = 38 + 22
 """HBM traffic per logit element, forward and backward, of Megatron's (unfused) vocab-parallel
 cross entropy in fp32: cast (2+4), max (4), subtract (4+4), exp (4+4), sum (4), normalise (4+4);
@@ -379,7 +383,7 @@ def head_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
                    saved_bytes=2 * ACT_BYTES * rep + LOGIT_SAVED_BYTES * logits,
                    # a tied head still needs its copy of the embedding on the last stage (pp > 1)
                    params_local=norm + v * h / ctx.tp, params_total=norm + own_head,
-                   model_flops=2 * ctx.micro_batch * ctx.seq_len * h * v, tp_message_bytes=0.0)
+                   model_flops=2 * ctx.micro_batch * ctx.seq_len * h * v, tp_message_bytes=0.0, logits=logits)
 
 
 def model_params(spec: ModelSpec) -> int:

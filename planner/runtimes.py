@@ -8,7 +8,7 @@ The kernel facts: Megatron-Core with Transformer Engine runs cuDNN's fused atten
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -106,6 +106,14 @@ class RuntimeRules:
     'default' (reshard_after_forward = not pp_enabled). That is the traffic and memory of ZeRO-1
     (priced_zero)."""
 
+    loss_bytes_per_logit: float = 6.0
+    """bytes per logit element its loss holds at its peak (the LM head's logits, their fp32 copy,
+    the softmax it keeps, their gradients), measured with PyTorch on CPU in
+    tests/test_torch_oracle.py: 6 for Megatron-Core's vocab-parallel cross entropy (the bf16
+    logits beside their fp32 copy; softmax and gradient in place), 12 for PyTorch's cross_entropy
+    on an fp32 cast (torchtitan's loss uncompiled: the fp32 log-probabilities it keeps, their
+    gradient and the input's gradient at once), 4 for that loss under torch.compile (it keeps
+    the bf16 logits and the per-row statistics; the gradient comes back in bf16)"""
     ep_overlap: bool = False
     """can overlap the expert all-to-alls of one micro-batch with the computation of another
     (Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm; priced by
@@ -170,7 +178,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
     "ideal": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True,
                           "the ideal space: no runtime's restrictions (for what-if analysis; no runtime may run "
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
-                          ep_overlap=True),
+                          ep_overlap=True, loss_bytes_per_logit=4.0),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
@@ -186,10 +194,14 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
                                orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8"),
-                               models=TORCHTITAN_MODELS, pp_defers_sharding=True),
+                               models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0),
 }
 # Runtimes that published runs ran on but that the search does not target: their space is left
 # unrestricted; what the cost model reads of them is the attention kernel.
+RUNTIME_RULES["torchtitan@compile"] = replace(
+    RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0,
+    note="torchtitan with torch.compile of the model and the loss (training.compile from mid-2025, "
+         "components/loss.py build_cross_entropy_loss; before, its train.py compiled no loss)")
 RUNTIME_RULES["megatron@2022"] = RuntimeRules(
     (0, 1), (0, 1), True, True, "ends", "uniform", True, True,
     "Megatron-LM of 2021-22 (the SC21 and Korthikanti et al. runs): no TP comm overlap, gradients all-reduced "

@@ -453,3 +453,93 @@ def test_adamw_state_bytes_match_state_bytes():
     assert weights == pytest.approx(g_weights, rel=0.02), _ratio(weights, g_weights)
     assert grads == pytest.approx(g_grads, rel=0.02), _ratio(grads, g_grads)
     assert optimizer == pytest.approx(g_opt, rel=0.02), _ratio(optimizer, g_opt)
+
+
+# --------------------------------------------------------------------------------------------
+# The loss at its peak (runtimes.RuntimeRules.loss_bytes_per_logit)
+# --------------------------------------------------------------------------------------------
+
+def _loss_peak_bytes_per_logit(loss_fn, batch=1, seq=256, hidden=64, vocab=2000) -> float:
+    """The most bytes live at once, per logit, from the LM head's matmul through the loss and its
+    backward (torch.distributed._tools.mem_tracker on CPU; the head's input and weight excluded),
+    the logits dropped after the loss as torchtitan's train step does (`del pred`)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    torch.manual_seed(0)
+    h = torch.randn(batch, seq, hidden, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(vocab, hidden, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (batch, seq))
+    tracker = MemTracker()
+    tracker.track_external(h, w)
+    with tracker:
+        logits = h @ w.t()
+        loss = loss_fn(logits, labels)
+        del logits
+        loss.backward()
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    return (peak - 2 * (h.numel() + w.numel())) / (batch * seq * vocab)
+
+
+def test_torchtitans_uncompiled_loss_peaks_at_its_records_bytes_per_logit():
+    """torchtitan's own cross_entropy_loss (cross_entropy of an fp32 cast; the installed 0.2.2)
+    holds the fp32 log-probabilities, their gradient and the input's gradient at once."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.components.loss import cross_entropy_loss
+
+    from planner.runtimes import RUNTIME_RULES
+    assert _loss_peak_bytes_per_logit(cross_entropy_loss) == pytest.approx(
+        RUNTIME_RULES["torchtitan"].loss_bytes_per_logit, abs=0.05)
+
+
+def test_megatron_cores_vocab_parallel_loss_peaks_at_its_records_bytes_per_logit():
+    """megatron-core 0.16.0's vocab_parallel_cross_entropy (one tensor-parallel rank, gloo on
+    CPU): the bf16 logits beside their fp32 copy, softmax and gradient in place."""
+    import os
+    import warnings
+    pytest.importorskip("megatron.core")
+    import torch.distributed as dist
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no Transformer Engine or Apex on CPU
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+
+    from planner.runtimes import RUNTIME_RULES
+    started = not dist.is_initialized()
+    if started:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1)
+
+        def loss(logits, labels):  # Megatron's layout: [sequence, batch, vocab]
+            return vocab_parallel_cross_entropy(logits.transpose(0, 1), labels.transpose(0, 1)).mean()
+        measured = _loss_peak_bytes_per_logit(loss)
+    finally:
+        parallel_state.destroy_model_parallel()
+        if started:
+            dist.destroy_process_group()
+    for name in ("megatron", "deepspeed", "nanotron"):  # Megatron-DeepSpeed and nanotron compute it alike
+        assert measured == pytest.approx(RUNTIME_RULES[name].loss_bytes_per_logit, abs=0.05)
+
+
+def test_a_compiled_loss_keeps_the_bf16_logits_alone():
+    """Under torch.compile the loss keeps only the bf16 logits (and per-row statistics) for
+    backward, whose gradient comes back in bf16: 2 + 2 bytes per logit at the peak, the
+    torchtitan@compile record's."""
+    from planner.runtimes import RUNTIME_RULES
+
+    def loss(logits, labels):
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+    compiled = torch.compile(loss)
+    logits = torch.randn(1, 256, 2000, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 2000, (1, 256))
+    compiled(logits, labels).backward()  # compile outside the count
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        out = compiled(logits, labels)
+    big = [t for t in kept if t.numel() >= logits.numel()]
+    assert [(t.dtype, t.numel()) for t in big] == [(torch.bfloat16, logits.numel())]
+    logits.grad = None
+    out.backward()
+    assert logits.grad.dtype == torch.bfloat16
+    assert RUNTIME_RULES["torchtitan@compile"].loss_bytes_per_logit == 2 * big[0].element_size()

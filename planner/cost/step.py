@@ -19,6 +19,7 @@ import numpy as np
 
 from planner.cost import comm, compute, memory, pipeline
 from planner.graph import (
+    LOGIT_SAVED_BYTES,
     Ctx,
     Layer,
     build_layers,
@@ -331,7 +332,8 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
     return _layer_tables(model, cluster, setup.precision, layer_ctx(model, setup, tp, cp, ep, micro_batch,
                                                                     sequence_parallel),
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
-                         tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap)
+                         tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
+                         RUNTIME_RULES[setup.runtime].loss_bytes_per_logit)
 
 
 def kernel_of(cluster: Cluster, setup: TrainingSetup) -> str | None:
@@ -367,9 +369,15 @@ def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: 
 @lru_cache(maxsize=4096)
 def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx, base_mode: str,
                   tp_span: Span, cp_span: Span, ep_span: Span, kernel: str | None, overlap: bool,
-                  ep_dedup: bool = False, ep_overlap: bool = False) -> LayerTables:
+                  ep_dedup: bool = False, ep_overlap: bool = False,
+                  loss_bytes_per_logit: float = LOGIT_SAVED_BYTES) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
-    (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order)."""
+    (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order). The head
+    holds, at the loss's peak, what it saves besides the logits and `loss_bytes_per_logit` per
+    logit (the runtime's: runtimes.RuntimeRules.loss_bytes_per_logit), once per stage: one
+    micro-batch's loss at a time. Added to a recomputed layer's rebuild buffer, though the two
+    never coincide (the loss's buffers are gone when backward reaches a layer): an overcount of
+    at most the smaller, on the safe side."""
     gpu, eff = cluster.gpu, cluster.efficiency
     head_precision = compute.outside_fp8(precision, eff)
     kinds, kind_index = _kinds(model)
@@ -405,7 +413,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
             + t_mem(head.elementwise_bytes),
             "head_tp": 2 * coll(head.tp_message_bytes or emb.tp_message_bytes),
             "head_params": head.params_local, "head_tied": tied_head_params(model, base.tp),
-            "head_saved": head.saved_bytes}
+            "head_saved": head.saved_bytes + (loss_bytes_per_logit - LOGIT_SAVED_BYTES) * head.logits}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
     return LayerTables(prefix=prefix, ends=ends, kinds=kinds, transient_bytes=transient, prefetch_bytes=prefetch)
