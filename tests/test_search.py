@@ -854,3 +854,77 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
                 continue  # a bound need only hold where the candidate fits
             assert found.bound_s[j] <= est.step_time_s * (1 + SAFETY), (s, bounds, counts)
             assert tighter <= est.step_time_s * (1 + SAFETY), (s, bounds, counts)
+
+
+def _megatron_splits(layers, pp, vpp):
+    """Megatron's splits: the even one when interleaved, else any first and last stage (at most
+    space.stage_width layers each) with the middle stages equal (any split for two stages)."""
+    if vpp > 1 or pp <= 2:
+        yield from _splits(layers, pp, vpp)
+        return
+    width = space.stage_width(layers, pp)
+    for first in range(1, width + 1):
+        for last in range(1, width + 1):
+            middle = layers - first - last
+            if middle > 0 and middle % (pp - 2) == 0 and middle // (pp - 2) <= width:
+                cuts = [0, first] + [first + middle // (pp - 2) * j for j in range(1, pp - 1)] + [layers]
+                yield list(zip(cuts[:-1], cuts[1:]))
+
+
+def brute_force_megatron(model, cluster, setup, fixed):
+    """Best step over Megatron's space (its record's refusals), each split and one
+    --recompute-num-layers R for every stage (min(R, its layers); none or all with interleaving)."""
+    rules = space.RUNTIME_RULES["megatron"]
+    best = None
+    for pp in range(1, model.layers + 1):
+        if setup.gpus % pp:
+            continue
+        dp = setup.gpus // pp
+        for mb, vpp in _micro_batches_and_vpps(model, setup, dp, pp):
+            for mode in ((fixed["recompute"],) if "recompute" in fixed else ("none", "selective", "full")):
+                s = Strategy(dp=dp, pp=pp, vpp=vpp, micro_batch=mb, zero=fixed["zero"], recompute=mode,
+                             order=fixed["order"], schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+                if strategy_problems(s, model, setup) or rules.refusal(s, model):
+                    continue
+                for bounds in _megatron_splits(model.layers, pp, vpp):
+                    sizes = [sum(b - a for a, b in bounds[i::pp]) for i in range(pp)]
+                    if mode != "full":
+                        counts = [None]
+                    elif vpp > 1:
+                        counts = [tuple(0 for _ in sizes), tuple(sizes)]
+                    else:
+                        counts = [tuple(min(r, n) for n in sizes) for r in range(max(sizes) + 1)]
+                    for count in counts:
+                        est = estimate(model, cluster, setup, s, bounds=bounds, recompute_layers=count)
+                        if est.fits and (best is None or est.step_time_s < best):
+                            best = est.step_time_s
+    return best
+
+
+@st.composite
+def megatron_tight_instances(draw):
+    """Deep enough for uneven first and last stages around equal middle ones (pp >= 3)."""
+    model = ModelSpec(name="tight", layers=draw(st.integers(5, 11)), hidden=1024, heads=8, kv_heads=8,
+                      ffn_hidden=draw(st.sampled_from([2048, 4096])), vocab=32000, ffn_act="swiglu", seq_len=4096)
+    setup = TrainingSetup(gpus=draw(st.sampled_from([3, 4, 6])), global_batch=draw(st.sampled_from([6, 12])),
+                          seq_len=draw(st.sampled_from([2048, 4096])), runtime="megatron")
+    fixed = {"order": "tp-cp-ep-dp-pp", "tp": 1, "cp": 1, "ep": 1, "zero": draw(st.sampled_from([0, 1])),
+             "recompute": "full"}
+    return model, _tight_cluster(draw(st.sampled_from([2.2, 2.5, 2.8, 3.2]))), setup, fixed
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(megatron_tight_instances())
+def test_search_equals_brute_force_for_megatrons_uneven_ends_and_one_recompute_count(instance):
+    """Megatron: uneven first and last stages, one recompute count for every stage. The split
+    chosen on relaxed tables and its count are not always the best together; the layouts, taken
+    best-first by their relaxed bound, settle it: the search is proven optimal and equals brute
+    force over every layout and count."""
+    model, cluster, setup, fixed = instance
+    result = search(model, cluster, setup, fixed)
+    expected = brute_force_megatron(model, cluster, setup, fixed)
+    if expected is None:
+        assert result.best is None
+        return
+    assert result.proven_optimal
+    assert result.best.step_time_s == pytest.approx(expected, rel=TIE)

@@ -358,7 +358,7 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     cap = memory.capacity_bytes(prof.cluster, prof.setup)
     even = tuple(split_layers(prof.model.layers, s.pp, s.vpp))
     free_split = rules.free_split(s.pp, s.vpp)
-    found = plain = None
+    found = plain = layouts = None
     cutoff = best_s
     if free_split:
         # the even split is one of the splits: where it fits, its step caps the DP's window (a DP
@@ -377,8 +377,11 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
             stats["programmes"] += found.programmes
             stats["optimal"] &= found.exhaustive
     elif s.pp > 2 and s.vpp == 1 and rules.uneven_split == "ends":
-        found = _ends_split(prof, rules, cap)
+        layouts = _ends_layouts(prof, rules)
+        found = layouts.best() if layouts is not None else None
     if found is None:  # nothing fits or beats the cutoff: the even split says by how much
+        if layouts is not None:  # Megatron's layouts: none fits, and the even split may be none of them
+            return _with_counts(prof, layouts.balanced(), rules, cap, solver, time_limit_s, best_s, stats), stats
         if free_split and plain is None:
             # under 'full', no split and no counts fit or beat the cutoff (the DP's proof): no
             # count choice is needed, only a price that fits where one does (each stage's least
@@ -397,6 +400,10 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
                     stats["programmes"] += joint.programmes
                     stats["optimal"] &= joint.exhaustive
                     cand = min(cand, _candidate(prof, joint.bounds, joint.options), key=lambda c: c.step_time_s)
+            elif rules.uneven_split == "ends" and s.vpp == 1 and (layouts := layouts or _ends_layouts(prof, rules)):
+                # one count for every stage has no such DP: Megatron's layouts (with two stages
+                # every split), best-first by their bound
+                cand = _best_layout(prof, layouts, cand, rules, cap, solver, time_limit_s, best_s, stats)
             else:
                 stats["relaxed_s"] = found.step_s  # the caller compares it with the best plan
     if plain is not None and plain.fits and plain.step_time_s < cand.step_time_s:
@@ -587,35 +594,94 @@ def _dp_split(prof, rules, cutoff: float = float("inf"), counts: bool = False) -
     return stages.best_split(t, tail, ok, prof.microbatches, cutoff)
 
 
-def _ends_split(prof, rules, cap) -> stages.Split | None:
-    """Megatron's uneven split: first and last stage free, the middle stages equal (full
-    recomputation of every layer when the mode is 'full'; the ILP then picks the count). Prices
-    only the ranges such layouts use (_range_terms, the cells of _tables), all layouts at once."""
+@dataclass(frozen=True)
+class _Layouts:
+    """Megatron's uneven splits of a strategy: first stage f, last stage la, the middle stages k
+    layers each (two stages: f and la), in the order of first, then last; `steps` their step on the stages' tables
+    (inf where one does not fit): exact, or a lower bound under 'full' with free counts."""
+
+    steps: np.ndarray
+    first: np.ndarray
+    middle: np.ndarray
+    layers: int
+    pp: int
+
+    def split(self, q: int) -> tuple:
+        f, k = int(self.first[q]), int(self.middle[q])
+        cuts = [0, f] + [f + k * j for j in range(1, self.pp - 1)] + [self.layers]
+        return tuple(zip(cuts[:-1], cuts[1:]))
+
+    def best(self) -> stages.Split | None:
+        """The least step's layout (the first of the least), or None when none fits."""
+        q = int(np.argmin(self.steps))
+        if not np.isfinite(self.steps[q]):
+            return None
+        return stages.Split(bounds=self.split(q), step_s=float(self.steps[q]), programmes=0, exhaustive=True)
+
+    def balanced(self) -> tuple:
+        """The layout whose largest stage is least (the first of those): where none fits, the one
+        that says by how much (the even split itself where the stages divide the layers)."""
+        largest = np.maximum(np.maximum(self.first, self.layers - self.first - self.middle * (self.pp - 2)),
+                             self.middle if self.pp > 2 else 0)
+        return self.split(int(np.argmin(largest)))
+
+
+def _ends_layouts(prof, rules) -> _Layouts | None:
+    """Every uneven split Megatron runs (first and last stage free, the middle stages equal) and
+    its step on the stages' tables (full recomputation of every layer when the mode is 'full';
+    the counts are chosen after). Prices only the ranges such layouts use (_range_terms, the
+    cells of _tables), all layouts at once; None when the layers admit no such layout."""
     s, L = prof.strategy, prof.model.layers
     p = s.pp
     width = space.stage_width(L, p)
-    layouts = [(first, last, (L - first - last) // (p - 2))
-               for first in range(1, min(L, width + 1)) for last in range(1, min(L - first, width + 1))
-               if L - first - last > 0 and (L - first - last) % (p - 2) == 0 and (L - first - last) // (p - 2) <= width]
-    if not layouts:
+    # every (first, last) in the order of first, then last, whose middle splits evenly (with two
+    # stages: every split)
+    first, last = (x.ravel() for x in np.meshgrid(np.arange(1, min(L, width + 1)), np.arange(1, min(L, width + 1)),
+                                                   indexing="ij"))
+    middle = L - first - last
+    if p == 2:
+        keep = middle == 0
+    else:
+        keep = (last < L - first) & (middle > 0) & (middle % (p - 2) == 0) & (middle // (p - 2) <= width)
+    f, la = first[keep], last[keep]
+    if not len(f):
         return None
-    f, la, k = (np.array(x) for x in zip(*layouts))
+    k = (L - f - la) // max(p - 2, 1)
     # the ranges of every layout: stage 0 [0, f), stage j (1..p-2) [f + (j-1) k, f + j k), the last [L - la, L)
     j = np.arange(1, p - 1)[None, :]
     starts = np.concatenate([np.zeros((len(f), 1), int), f[:, None] + (j - 1) * k[:, None], (L - la)[:, None]], axis=1)
     lengths = np.concatenate([f[:, None], np.broadcast_to(k[:, None], (len(f), p - 2)), la[:, None]], axis=1)
     stage = np.broadcast_to(np.arange(p)[None, :], starts.shape)
-    cells, index = np.unique(np.stack([stage.ravel(), starts.ravel(), lengths.ravel()]), axis=1, return_inverse=True)
+    # the distinct (stage, start, length) cells, in their lexicographic order, as one integer each
+    keys, index = np.unique((stage.ravel() * (L + 1) + starts.ravel()) * (L + 1) + lengths.ravel(),
+                            return_inverse=True)
+    cells = (keys // (L + 1) ** 2, keys // (L + 1) % (L + 1), keys % (L + 1))
     t, tail, ok = (x[:, 0][index.ravel()].reshape(starts.shape) for x in _range_terms(prof, rules, *cells))
     fits = ok.all(axis=1)
-    if not fits.any():
-        return None
-    m = prof.microbatches
-    steps = [step_time_s(t[q].tolist(), tail[q].tolist(), m, 1) if fits[q] else np.inf for q in range(len(f))]
-    best = int(np.argmin(steps))  # the first of the least, in the order of first, then last
-    cuts = [0, int(f[best])] + [int(f[best]) + int(k[best]) * q for q in range(1, p - 1)] + [L]
-    return stages.Split(bounds=tuple(zip(cuts[:-1], cuts[1:])), step_s=float(steps[best]), programmes=0,
-                        exhaustive=True)
+    # pipeline.step_time_s of every layout, summed stage by stage as it sums them
+    worst, total = t.max(axis=1), t[:, 0].copy()
+    for q in range(1, p):
+        total += t[:, q]
+    steps = np.where(fits, prof.microbatches * worst + (total - worst) / 1 + tail.max(axis=1), np.inf)
+    return _Layouts(steps=steps, first=f, middle=k, layers=L, pp=p)
+
+
+def _best_layout(prof, layouts: _Layouts, cand: Candidate, rules, cap, solver, time_limit_s, best_s, stats):
+    """The best of Megatron's uneven splits with their counts chosen: `cand` (the split least on
+    the relaxed tables, counts chosen) and then each other layout in the order of its relaxed
+    step, a lower bound of its step with any counts, until that bound reaches the best found
+    (or the search's `best_s`, which nothing above can beat): exact, as the joint DP is for a
+    free split."""
+    for q in np.argsort(layouts.steps, kind="stable").tolist():
+        if layouts.steps[q] >= min(cand.step_time_s, best_s):
+            break
+        split = layouts.split(q)
+        if split == cand.bounds:
+            continue
+        other = _with_counts(prof, split, rules, cap, solver, time_limit_s, best_s, stats)
+        if other.fits and other.step_time_s < cand.step_time_s:
+            cand = other
+    return cand
 
 
 def _recompute(prof, bounds, rules, cap, solver, time_limit_s, best_s: float) -> ilp.IlpResult | None:
