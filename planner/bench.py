@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from planner.errors import PlannerError
-from planner.planning import sweep
+from planner.planning import SUPPORTED, make_plan, sweep
 from planner.search.driver import search
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
@@ -25,6 +25,31 @@ SCENARIOS = (
     ("deepseek-v3 / 2048 x H100", "deepseek-v3", "dgx-h100", "2048", 4096, 4096),
 )
 TARGET_S = 1.0
+DEPTHS = (1250, 2500, 5000, 10000)
+"""the depth ladder: a GPT-style decoder of that many layers (depth_model) on 1,024 H100s, global
+batch 1024, in the space `planner plan` searches by default (the supported runtimes' union)"""
+DEPTH_TARGET_S = 60.0
+"""the deepest rung's target median"""
+DEPTH_GROWTH = 2.2
+"""the most its time may grow per doubling of the layers"""
+
+
+def depth_model(layers: int):
+    """The depth ladder's model: hidden 2048, 16 heads, FFN 8192, vocab 32000, sequence 2048."""
+    from planner.spec.model import ModelSpec
+    return ModelSpec(name=f"deep-{layers}", layers=layers, hidden=2048, heads=16, ffn_hidden=8192, vocab=32000,
+                     seq_len=2048)
+
+
+def depth_scenarios() -> tuple:
+    return tuple((f"{n:,} layers / 1024 x H100", f"deep:{n}", "dgx-h100", "1024", 1024, 2048, "supported")
+                 for n in DEPTHS)
+
+
+def depth_growth(rows) -> float:
+    """The largest ratio of one rung's median time to the one before (half as many layers)."""
+    times = [r.median_s for r in rows]
+    return max((b / a for a, b in zip(times, times[1:])), default=1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +66,12 @@ class BenchRow:
 
 
 def run_scenario(name: str, model_ref: str, cluster_ref: str, gpus: str, global_batch: int, seq_len: int,
-                 repeats: int) -> BenchRow:
+                 runtime: str = "ideal", repeats: int = 3) -> BenchRow:
     """Median over `repeats` runs, each in a fresh process so that no cache of an earlier run
     helps (what one `planner plan` meets); the time excludes process start and spec loading."""
     runs = []
     for _ in range(repeats):
-        args = json.dumps([model_ref, cluster_ref, gpus, global_batch, seq_len])
+        args = json.dumps([model_ref, cluster_ref, gpus, global_batch, seq_len, runtime])
         out = subprocess.run([sys.executable, "-c", f"from planner.bench import measure; measure({args!r})"],
                              check=True, capture_output=True, text=True)
         runs.append(json.loads(out.stdout))
@@ -59,13 +84,24 @@ def run_scenario(name: str, model_ref: str, cluster_ref: str, gpus: str, global_
 
 
 def measure(args: str) -> None:
-    """One timed run (in a child process): one GPU count is the search itself; a range is the
-    sweep `planner plan` runs (parallel processes, one search per count). Prints JSON."""
-    model_ref, cluster_ref, gpus, global_batch, seq_len = json.loads(args)
-    model, cluster = load_model(model_ref), load_cluster(cluster_ref)
+    """One timed run (in a child process): one GPU count is the search itself (in the ideal
+    space, or with 'supported' the plan `planner plan` makes by default: the runtimes' union, three
+    runners-up and each runtime's best); a range is
+    the sweep `planner plan` runs (parallel processes, one search per count). Prints JSON."""
+    model_ref, cluster_ref, gpus, global_batch, seq_len, *rest = json.loads(args)
+    runtime = rest[0] if rest else "ideal"
+    model = depth_model(int(model_ref.split(":")[1])) if model_ref.startswith("deep:") else load_model(model_ref)
+    cluster = load_cluster(cluster_ref)
     counts = parse_gpu_counts(gpus, cluster.gpus_per_node)
     start = time.perf_counter()
-    if len(counts) == 1:
+    if len(counts) == 1 and runtime == SUPPORTED:
+        try:
+            doc = make_plan(model, cluster, gpus=counts[0], global_batch=global_batch, seq_len=seq_len,
+                            precision="bf16", attention="flash", runtime=runtime, constraints={})
+            found = [(doc["search"], doc["prediction"]["step_time_s"])]
+        except PlannerError:
+            found = []
+    elif len(counts) == 1:
         try:
             result = search(model, cluster, TrainingSetup(gpus=counts[0], global_batch=global_batch, seq_len=seq_len))
             found = [(result.summary(), result.best.step_time_s if result.best else None)]

@@ -367,7 +367,7 @@ def ranks(plan_file, as_json):
 
 @cli.command()
 @click.option("--repeat", type=click.IntRange(1, 20), default=3, show_default=True, help="runs per scenario (median)")
-@click.option("--quick", is_flag=True, help="only the single-count scenarios, one run each")
+@click.option("--quick", is_flag=True, help="only the single-count scenarios, one run each, no depth ladder")
 @click.option("--json", "as_json", is_flag=True, help="print the table as JSON on stdout")
 def bench(repeat, quick, as_json):
     """Time the search on the standard scenarios and show the size of the space it covered."""
@@ -375,18 +375,24 @@ def bench(repeat, quick, as_json):
     from dataclasses import asdict
 
     from planner import report
-    from planner.bench import SCENARIOS, TARGET_S, plan_command_wall_s, run_scenario
+    from planner.bench import (DEPTH_GROWTH, DEPTH_TARGET_S, SCENARIOS, TARGET_S, depth_growth, depth_scenarios,
+                               plan_command_wall_s, run_scenario)
 
     rows = []
     scenarios = [s for s in SCENARIOS if not (quick and "-" in s[3])]
+    ladder = () if quick else depth_scenarios()
     with report.progress("benchmarking") as step:
-        for k, scenario in enumerate(scenarios):
-            step(k, len(scenarios), scenario[0])
+        for k, scenario in enumerate((*scenarios, *ladder)):
+            step(k, len(scenarios) + len(ladder), scenario[0])
             rows.append(run_scenario(*scenario, repeats=1 if quick else repeat))
-        step(len(scenarios), len(scenarios), "planner plan command (wall)")
+        step(len(scenarios) + len(ladder), len(scenarios) + len(ladder), "planner plan command (wall)")
         wall = plan_command_wall_s(1 if quick else repeat)
-    doc = {"schema": "planner.bench/v1", "target_s": TARGET_S, "scenarios": [asdict(r) for r in rows],
+    depth = rows[len(scenarios):]
+    doc = {"schema": "planner.bench/v1", "target_s": TARGET_S, "scenarios": [asdict(r) for r in rows[:len(scenarios)]],
            "plan_command_405b_wall_s": wall}
+    if depth:
+        doc["depth"] = {"scenarios": [asdict(r) for r in depth], "target_s": DEPTH_TARGET_S,
+                        "growth_per_doubling": depth_growth(depth), "target_growth": DEPTH_GROWTH}
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:

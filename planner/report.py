@@ -309,6 +309,18 @@ def bench_table(doc: dict) -> None:
     err.print(t)
     err.print(f"planner plan, llama3-405b on 16384 GPUs, whole command: {doc['plan_command_405b_wall_s']:.2f} s wall "
               f"(target 2 s)")
+    if "depth" in doc:
+        d = doc["depth"]
+        t = Table(title=f"depth (median; the deepest within {d['target_s']:.0f} s, at most "
+                        f"{d['target_growth']:.1f}x per doubling)", title_justify="left")
+        for col in ("scenario", "candidates", "priced", "time", "best step", "proven"):
+            t.add_column(col, justify="left" if col == "scenario" else "right")
+        for r in d["scenarios"]:
+            t.add_row(r["name"], f"{r['considered']:,}", f"{r['priced']:,}", f"{r['median_s']:.2f} s",
+                      _fmt_s(r["best_step_s"]) if r["best_step_s"] else "-", "yes" if r["proven_optimal"] else "no")
+        err.print(t)
+        ok = "green" if d["growth_per_doubling"] <= d["target_growth"] else "red"
+        err.print(f"time per doubling of the layers: at most [{ok}]{d['growth_per_doubling']:.2f}x[/{ok}]")
 
 
 def diff_table(changes: list[dict], old_name: str, new_name: str) -> None:

@@ -225,3 +225,26 @@ def test_the_distribution_name_is_not_the_unrelated_planner_on_the_package_index
     assert project["project"]["name"] == "llm-parallel-planner"
     assert project["project"]["scripts"] == {"planner": "planner.cli:main"}
     assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["planner"]
+
+
+def test_a_chain_too_deep_for_the_split_dp_is_answered_in_bounded_memory(tmp_path):
+    """5,000 layers in the ideal space once took 445 s and 24 GB (the free-split DP's tables grow
+    with layers x stage width): beyond search/driver.MAX_DP_CELLS the even split stands and the plan says it is
+    not proven optimal; run here under a 3 GB address-space cap."""
+    import resource
+    import subprocess
+    import sys
+
+    spec = tmp_path / "deep.yaml"
+    spec.write_text("name: deep-5000\nlayers: 5000\nhidden: 2048\nheads: 16\nffn_hidden: 8192\nvocab: 32000\n"
+                    "seq_len: 2048\n")
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 1024**3, 3 * 1024**3))
+    out = subprocess.run([sys.executable, "-m", "planner", "plan", "-m", str(spec), "-c", "dgx-h100", "--gpus", "1024",
+                          "--global-batch", "1024", "--runtime", "ideal", "--json"], capture_output=True, text=True,
+                         preexec_fn=cap, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout)
+    assert doc["search"]["proven_optimal"] is False
+    assert any("not proven optimal" in note for note in doc["notes"])

@@ -372,10 +372,13 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
             plain = min((c for c in (_candidate(prof, even, (0,) * s.pp), _candidate(prof, even, None)) if c.fits),
                         key=lambda c: c.step_time_s, default=None)
         cutoff = min(best_s, plain.step_time_s) if plain is not None and plain.fits else best_s
-        found = _dp_split(prof, rules, cutoff)
-        if found is not None:
-            stats["programmes"] += found.programmes
-            stats["optimal"] &= found.exhaustive
+        if _dp_cells(prof) > MAX_DP_CELLS:
+            stats["optimal"] = False  # the even split stands, unproven: the DP's tables would not fit
+        else:
+            found = _dp_split(prof, rules, cutoff)
+            if found is not None:
+                stats["programmes"] += found.programmes
+                stats["optimal"] &= found.exhaustive
     elif s.pp > 2 and s.vpp == 1 and rules.uneven_split == "ends":
         layouts = _ends_layouts(prof, rules)
         found = layouts.best() if layouts is not None else None
@@ -393,7 +396,9 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
         # the split was chosen on relaxed tables (each range at its least time and least tail), so
         # another split may do better once the counts are chosen exactly
         if cand.step_time_s > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
-            if free_split and rules.recompute_counts == "stage":
+            if free_split and rules.recompute_counts == "stage" and _dp_cells(prof, counts=True) > MAX_DP_CELLS:
+                stats["optimal"] = False  # the joint DP's tables would not fit: the split and counts stand
+            elif free_split and rules.recompute_counts == "stage":
                 # choose the split and each stage's count together: the DP over counts is exact
                 joint = _dp_split(prof, rules, min(cutoff, cand.step_time_s), counts=True)
                 if joint is not None:
@@ -586,6 +591,20 @@ def _least_counts(prof, i, rng, n, cap):
     return least, some
 
 
+MAX_DP_CELLS = 20_000_000
+"""the most (stage, first layer, length[, count]) cells the split DP's tables may hold: about
+160 MB a table. A deeper chain's free split is left at the even split, and the search says it
+is not proven optimal: bounded memory and time rather than an answer that never comes (5,000
+layers on 1,024 GPUs once took 445 s and 24 GB)."""
+
+
+def _dp_cells(prof, counts: bool = False) -> int:
+    """The cells of the split DP's tables (_tables) for this strategy, with the counts axis."""
+    L, p = prof.model.layers, prof.strategy.pp
+    width = space.stage_width(L, p)
+    return p * (L + 1) * width * ((width + 1) if counts else 1)
+
+
 def _dp_split(prof, rules, cutoff: float = float("inf"), counts: bool = False) -> stages.Split | None:
     """The exact DP (1F1B) on banded tables (None: nothing fits, or nothing beats `cutoff`).
     With `counts` (recompute 'full', a count per stage) it chooses each stage's count too
@@ -700,30 +719,49 @@ def _recompute(prof, bounds, rules, cap, solver, time_limit_s, best_s: float) ->
     fits = np.broadcast_to(terms["memory"] <= cap, shape)
     t = np.broadcast_to(terms["t"], shape)
     tail = np.broadcast_to(terms["tail"], shape)
+    m, v = prof.microbatches, s.vpp
+    if rules.recompute_counts == "uniform":
+        return _uniform_counts(t, tail, fits, counts, m, v, best_s)
     options = []
     for stage, n in enumerate(counts):
         kept, lowest = {}, float("inf")
-        # Megatron recomputes the same N layers of every virtual chunk: with interleaving only
-        # none or all of a stage's layers are expressible
-        whole = rules.recompute_counts == "uniform" and s.vpp > 1
         for k in range(n + 1):
-            if whole and k not in (0, n):
-                continue
-            if fits[stage, k] and (rules.recompute_counts == "uniform" or tail[stage, k] < lowest):
+            if fits[stage, k] and tail[stage, k] < lowest:
                 kept[k] = (float(t[stage, k]), float(tail[stage, k]))
                 lowest = min(lowest, float(tail[stage, k]))
         options.append(kept)
     if not all(options):
         return None
-    uniform = counts if rules.recompute_counts == "uniform" else None
     least = tuple(min(o) for o in options)
     times = [o[r][0] for o, r in zip(options, least)]
     tails = [o[r][1] for o, r in zip(options, least)]
-    m, v = prof.microbatches, s.vpp
     step = step_time_s(times, tails, m, v)
     top = max(range(len(options)), key=tails.__getitem__)
     stuck = min(x[1] for x in options[top].values()) >= tails[top]
     floor = step_time_s(times, [min(x[1] for x in o.values()) for o in options], m, v)
-    if (stuck or floor >= best_s) and (uniform is None or len(set(least)) == 1):
+    if stuck or floor >= best_s:
         return ilp.IlpResult(recompute_layers=least, objective=step, optimal=True, shortcut=True)
-    return ilp.recompute_ilp(options, m, v, uniform=uniform, solver=solver, time_limit_s=time_limit_s)
+    return ilp.recompute_ilp(options, m, v, solver=solver, time_limit_s=time_limit_s)
+
+
+def _uniform_counts(t, tail, fits, counts: list[int], m: int, v: int, best_s: float) -> ilp.IlpResult | None:
+    """_recompute for one count R for every stage (Megatron's --recompute-num-layers: stage i
+    recomputes min(R, n_i) of its layers; with interleaving it recomputes the same R layers of
+    every virtual chunk, so only none or all of a stage's layers are expressible), from the
+    stages' (stages, counts) time, tail and fit tables: the least fitting counts when no R can
+    do better (no stage's tail can drop, or even its best case cannot beat `best_s`), else the
+    best R (ilp.uniform_best)."""
+    k, n = np.arange(t.shape[1])[None, :], np.asarray(counts)[:, None]
+    allowed = fits & (k <= n) & (((k == 0) | (k == n)) if v > 1 else True)
+    if not allowed.any(axis=1).all():
+        return None
+    least = tuple(int(r) for r in allowed.argmax(axis=1))  # each stage's least allowed count
+    times = [float(t[i, r]) for i, r in enumerate(least)]
+    tails = [float(tail[i, r]) for i, r in enumerate(least)]
+    step = step_time_s(times, tails, m, v)
+    top = max(range(len(least)), key=tails.__getitem__)
+    stuck = float(tail[top][allowed[top]].min()) >= tails[top]
+    floor = step_time_s(times, [float(tail[i][allowed[i]].min()) for i in range(len(least))], m, v)
+    if (stuck or floor >= best_s) and len(set(least)) == 1:
+        return ilp.IlpResult(recompute_layers=least, objective=step, optimal=True, shortcut=True)
+    return ilp.uniform_best(t, tail, allowed, m, v, counts)

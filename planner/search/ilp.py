@@ -170,16 +170,33 @@ def _recompute_highs(options, microbatches: int, vpp: int, uniform, time_limit_s
 
 
 def _uniform_best(options, microbatches: int, vpp: int, uniform: list[int]) -> IlpResult | None:
-    """The one R (stage i recomputing min(R, n_i) layers, each fitting) of least step time, the
-    least R among equals; None when no R fits every stage."""
-    best = None
-    for R in range(max(uniform) + 1):
-        chosen = tuple(min(R, n) for n in uniform)
-        if all(r in o for r, o in zip(chosen, options)):
-            objective = _objective(options, chosen, microbatches, vpp)
-            if best is None or objective < best.objective:
-                best = IlpResult(recompute_layers=chosen, objective=objective, optimal=True)
-    return best
+    """uniform_best of options given per stage as {count: (time, tail)}."""
+    times = np.full((len(options), max(uniform) + 1), np.inf)
+    tails = np.full_like(times, np.inf)
+    for i, o in enumerate(options):
+        for r, (t, tail) in o.items():
+            times[i, r], tails[i, r] = t, tail
+    return uniform_best(times, tails, np.isfinite(times), microbatches, vpp, uniform)
+
+
+def uniform_best(times, tails, allowed, microbatches: int, vpp: int, uniform) -> IlpResult | None:
+    """The one R (stage i recomputing min(R, n_i) layers, each an allowed count) of least step
+    time, the least R among equals; None when no R is allowed on every stage. `times`, `tails`
+    and `allowed` are (stages, counts) arrays; every R at once, each step as step_time_s
+    computes it (the stages summed in order)."""
+    stages = np.arange(len(uniform))[None, :]
+    chosen = np.minimum(np.arange(max(uniform) + 1)[:, None], np.asarray(uniform)[None, :])  # (R, stages)
+    ok = np.asarray(allowed)[stages, chosen].all(axis=1)
+    if not ok.any():
+        return None
+    t, tail = np.asarray(times)[stages, chosen], np.asarray(tails)[stages, chosen]
+    worst, total = t.max(axis=1), t[:, 0].copy()
+    for i in range(1, len(uniform)):
+        total += t[:, i]
+    with np.errstate(invalid="ignore"):  # inf - inf where a count is not allowed: not taken
+        steps = np.where(ok, microbatches * worst + (total - worst) / vpp + tail.max(axis=1), np.inf)
+    best = int(np.argmin(steps))  # the least R among equals
+    return IlpResult(recompute_layers=tuple(int(r) for r in chosen[best]), objective=float(steps[best]), optimal=True)
 
 
 def _objective(options, chosen, microbatches: int, vpp: int) -> float:
