@@ -394,3 +394,22 @@ def test_a_plan_for_any_runtime_reads_back(runtime, tmp_path):
     path = tmp_path / "plan.json"
     write_atomic(path, dumps(plan))
     assert read_plan(path)["inputs"]["training"]["runtime"] == runtime
+
+
+def test_a_plan_priced_with_a_dispatcher_a_runtime_lacks_does_not_run_there():
+    """Megatron's record prices expert all-to-alls with its flex dispatcher (dedup) by default;
+    DeepSpeed moves tokens with a plain all-to-all, so it does not run that plan as priced
+    (runnable_on once listed it). Priced with alltoall, both run it."""
+    from planner.errors import ExportError
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100")
+    knobs = {"tp": 1, "pp": 1, "ep": 8, "zero": 1, "micro_batch": 1, "recompute": "full"}
+
+    def planned(dispatcher=""):
+        return estimate_plan(model, cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16",
+                             attention="flash", runtime="megatron", constraints=knobs, moe_dispatcher=dispatcher)
+    dedup, plain = planned(), planned("alltoall")
+    assert [r["runtime"] for r in dedup["runnable_on"]] == ["megatron"]
+    with pytest.raises(ExportError, match="dedup MoE dispatcher"):
+        export(dedup, "deepspeed")
+    assert [r["runtime"] for r in plain["runnable_on"]] == ["megatron", "deepspeed"]
+    CHECKS["deepspeed"](plain)

@@ -169,15 +169,18 @@ def check_transformer(v: PlanView, runtime: str) -> None:
 
 
 def check_record(v: PlanView, record: str, runtime: str) -> None:
-    """What the runtime's capability record (planner/runtimes.py) refuses of the plan's strategy
-    and of its expert-parallel overlap, the record the search and `estimate --runtime` read: an
-    exporter refuses at least that."""
+    """What the runtime's capability record (planner/runtimes.py) refuses of the plan's strategy,
+    of the MoE dispatcher it was priced with and of its expert-parallel overlap, the record the
+    search and `estimate --runtime` read: an exporter refuses at least that."""
     from planner.runtimes import RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal
     from planner.spec.training import Strategy
     s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
                  recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
                  schedule=v.schedule, order=v.order)
     why = RUNTIME_RULES[record].refusal(s, v.model)
+    if not why and v.ep > 1 and v.dispatcher not in RUNTIME_RULES[record].ep_dispatchers:
+        why = (f"the {v.dispatcher} MoE dispatcher the plan was priced with (it moves tokens with "
+               f"{', '.join(RUNTIME_RULES[record].ep_dispatchers)})")
     if not why and v.ep_overlap and ep_overlap_refusal(record, True):
         why = "expert all-to-alls overlapped with computation (--ep-overlap)"
     if not why and v.ep_overlap and (problems := ep_overlap_problems(s, v.model)):
