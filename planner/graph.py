@@ -117,6 +117,9 @@ class Layer:
     """sum of the intermediate widths of the dense MLP / shared experts"""
     experts: int = 0
     top_k: int = 0
+    expert_groups: int = 0
+    """group-limited routing (MoeSpec.groups, group_topk): 0 for none"""
+    group_topk: int = 0
     expert_linears: tuple[Linear, ...] = ()
     norm: str = "layernorm"
     rope: bool = True
@@ -168,6 +171,7 @@ def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
             shared = moe.shared_experts * moe.shared_ffn_hidden
             layer = Layer(**common, mlp_linears=_mlp(h, shared, spec.ffn_act) if shared else (),
                           ffn_width=shared, experts=moe.experts, top_k=moe.top_k,
+                          expert_groups=moe.groups, group_topk=moe.group_topk,
                           expert_linears=_mlp(h, moe.expert_ffn_hidden, spec.ffn_act))
         else:
             layer = Layer(**common, mlp_linears=_mlp(h, spec.ffn_hidden, spec.ffn_act), ffn_width=spec.ffn_hidden)

@@ -522,3 +522,39 @@ def test_expert_overlap_is_refused_where_it_cannot_run():
                           attention="flash", runtime="megatron", constraints={"ep": 8, "pp": 2, "vpp": 2})
     assert "ep_overlap" not in plain["inputs"]["training"]  # plans without it keep their bytes
     assert plan["prediction"]["step_time_s"] < plain["prediction"]["step_time_s"]
+
+
+@pytest.mark.parametrize("experts, groups, group_topk, top_k", [(8, 4, 2, 2), (12, 4, 2, 4), (16, 4, 2, 4),
+                                                               (24, 4, 3, 6)])
+@pytest.mark.parametrize("held", [1, 2, 4, 8])
+def test_grouped_hit_probability_counts_every_choice_of_groups_and_experts(experts, groups, group_topk, top_k, held):
+    """Group-limited routing, enumerated: every choice of group_topk groups, then in each chosen
+    group every choice of its top_k / group_topk experts, equally likely; the probability that
+    the first `held` experts are hit is grouped_hit_probability's (where they are aligned with
+    the groups)."""
+    import itertools
+    per_group, each = experts // groups, top_k // group_topk
+    if held > experts or not (per_group % held == 0 or held % per_group == 0):
+        return
+    hits = total = 0
+    for chosen in itertools.combinations(range(groups), group_topk):
+        picks = [itertools.combinations(range(g * per_group, (g + 1) * per_group), each) for g in chosen]
+        for picked in itertools.product(*picks):
+            total += 1
+            hits += any(e < held for group in picked for e in group)
+    assert comm.grouped_hit_probability(experts, top_k, held, groups, group_topk) == pytest.approx(hits / total,
+                                                                                                  rel=1e-12)
+    assert comm.grouped_hit_probability(experts, top_k, held) == comm.hit_probability(experts, top_k, held)
+
+
+def test_node_limited_routing_sends_deepseek_v3s_tokens_to_fewer_nodes():
+    """DeepSeek-V3 (256 experts, top 8, 8 groups, 4 of them a token) on 64 H100s: one group a
+    node, so a token reaches 4 * 7/8 other nodes on average against 7 * (1 - C(224,8)/C(256,8))
+    without the limit; the deduplicating dispatch is cheaper by the network's share."""
+    cluster = load_cluster("dgx-h100")
+    span = Span(64, 8, 8)
+    limited = comm.grouped_hit_probability(256, 8, 32, 8, 4) * 7
+    assert limited == pytest.approx(4 * 7 / 8)
+    assert comm.hit_probability(256, 8, 32) * 7 > limited
+    plain = comm.dispatch_time_s(1e8, 8, 256, span, cluster)
+    assert comm.dispatch_time_s(1e8, 8, 256, span, cluster, 8, 4) < plain

@@ -65,7 +65,7 @@ EXPECTED = {
         moe=MoeSpec(experts=128, top_k=8, expert_ffn_hidden=768, shared_ffn_hidden=768))),
     "deepseek-v3.json": (61, 7168, 128, 128, 192, 18432, 129280, dict(
         moe=MoeSpec(experts=256, top_k=8, expert_ffn_hidden=2048, shared_experts=1,
-                    shared_ffn_hidden=2048, dense_layers=3, router_scoring="sigmoid"),
+                    shared_ffn_hidden=2048, dense_layers=3, router_scoring="sigmoid", groups=8, group_topk=4),
         mla=MlaSpec(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                     q_lora_rank=1536),
         mtp_layers=1, seq_len=8192, tied_embeddings=False, rope_theta=10000.0, norm_eps=1e-6)),

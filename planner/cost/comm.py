@@ -19,6 +19,8 @@ that of the slowest group of its kind (placement.worst), since all of them run a
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from planner.placement import Span
@@ -92,7 +94,29 @@ def hit_probability(experts: int, top_k: int, held: float) -> float:
     return 1.0 - miss
 
 
-def dispatch_time_s(token_bytes, top_k: int, experts: int, span: Span, cluster: Cluster):
+def grouped_hit_probability(experts: int, top_k: int, held: float, groups: int = 0, group_topk: int = 0) -> float:
+    """hit_probability under group-limited routing (Megatron's moe_router_num_groups and
+    moe_router_group_topk; DeepSeek-V3's node-limited routing): a token's group_topk groups g of
+    the `groups` G chosen uniformly (balanced routing, as force-balanced benchmark runs are), and
+    its top_k experts k spread evenly over them, k/g from each: Megatron-Core's group_limited_topk
+    picks the groups by the sum of their top two scores, so each chosen group holds the token's
+    best experts (DeepSeek-V3: 8 over 4 groups, 2 each). `held` consecutive experts, aligned:
+      inside one group of E (E a multiple of held):  g/G * P(k/g of E include one of held);
+      whole groups (h = held / E):  1 - C(G - h, g) / C(G, g).
+    k not a multiple of g, unaligned, or no groups: hit_probability (at least as many hits)."""
+    if not groups or group_topk >= groups or top_k % group_topk:
+        return hit_probability(experts, top_k, held)
+    per_group = experts // groups
+    if held <= per_group and per_group % held == 0:
+        return group_topk / groups * hit_probability(per_group, top_k // group_topk, held)
+    if held % per_group == 0:
+        h = int(held // per_group)
+        return 1.0 - math.comb(groups - h, group_topk) / math.comb(groups, group_topk)
+    return hit_probability(experts, top_k, held)
+
+
+def dispatch_time_s(token_bytes, top_k: int, experts: int, span: Span, cluster: Cluster, groups: int = 0,
+                    group_topk: int = 0):
     """One token dispatch (or combine) of a deduplicating MoE dispatcher (DeepEP, HybridEP:
     Megatron-Core's flex dispatcher) over an expert-parallel group, `token_bytes` the bytes of
     the tokens one rank routes (each token once, not once per expert).
@@ -106,17 +130,20 @@ def dispatch_time_s(token_bytes, top_k: int, experts: int, span: Span, cluster: 
         nvlink  = (size - 1) * P(rank holds one) * token_bytes / intra busbw
     The kernel runs sending, forwarding and receiving at once (separate warps), so the dispatch
     takes the slower of the two, plus one latency per peer node and per peer rank on the node.
+    Under group-limited routing (`groups`, `group_topk`) the probabilities are
+    grouped_hit_probability's: DeepSeek-V3's 8 groups on 8 nodes reach at most 4 of them.
     A plain all-to-all (all_to_all in collective_time_s) instead sends one copy per expert."""
     if span.size <= 1:
         return 0.0 * token_bytes
     per_rank = experts / span.size
     intra_bw, intra_lat = _tier_bandwidth(cluster, True, span.per_node)
-    nvlink = (span.size - 1) * hit_probability(experts, top_k, per_rank) * token_bytes / intra_bw
+    nvlink = ((span.size - 1) * grouped_hit_probability(experts, top_k, per_rank, groups, group_topk) * token_bytes
+              / intra_bw)
     fixed = (span.per_node - 1) * intra_lat
     if span.nodes > 1:
         inter_bw, inter_lat = _tier_bandwidth(cluster, False, span.per_node)
-        network = ((span.nodes - 1) * hit_probability(experts, top_k, per_rank * span.per_node) * token_bytes
-                   / inter_bw)
+        network = ((span.nodes - 1) * grouped_hit_probability(experts, top_k, per_rank * span.per_node, groups,
+                                                              group_topk) * token_bytes / inter_bw)
         return (np.maximum(nvlink, network) + fixed + (span.nodes - 1) * inter_lat) * (token_bytes > 0)
     return (nvlink + fixed) * (token_bytes > 0)
 

@@ -172,7 +172,8 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - attn_bwd)
     if ep_dedup and layer.experts:
         ep_one = w.ep_collectives * float(comm.dispatch_time_s(w.ep_message_bytes / layer.top_k, layer.top_k,
-                                                                layer.experts, ep_span, cluster))
+                                                                layer.experts, ep_span, cluster, layer.expert_groups,
+                                                                layer.group_topk))
     else:
         ep_one = w.ep_collectives * comm.collective_time_s("all_to_all", w.ep_message_bytes, ep_span, cluster)
     recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]

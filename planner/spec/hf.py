@@ -281,6 +281,9 @@ def to_spec_dict(config: dict, where: str) -> dict:
         if scoring[1] not in ("softmax", "sigmoid"):
             raise cfg.error(f"{scoring[0]}: router scoring {scoring[1]!r} is not supported (softmax or sigmoid)")
         spec["moe"]["router_scoring"] = scoring[1]
+    if family.moe and (groups := cfg.int(("n_group",), 0, minimum=0)) > 1:
+        # group-limited routing (DeepSeek-V3: n_group 8, topk_group 4); one group is no limit
+        spec["moe"]["groups"], spec["moe"]["group_topk"] = groups, cfg.int(("topk_group",), groups, minimum=1)
     return spec
 
 

@@ -40,10 +40,23 @@ class MoeSpec:
     """leading layers that keep the dense MLP of size ffn_hidden"""
     router_scoring: str = "softmax"
     """how the router scores experts: softmax (Mixtral, Qwen) or sigmoid (DeepSeek-V3)"""
+    groups: int = 0
+    """group-limited routing: the experts fall into this many equal groups, consecutive (Megatron
+    moe_router_num_groups, DeepSeek-V3's n_group 8; 0: none)"""
+    group_topk: int = 0
+    """the groups a token's experts come from (moe_router_group_topk, DeepSeek-V3's topk_group 4:
+    with one group a node, a token reaches at most 4 nodes)"""
 
     def __post_init__(self) -> None:
         if self.top_k > self.experts:
             raise SpecError(f"moe.top_k ({self.top_k}) must not exceed moe.experts ({self.experts})")
+        if self.groups or self.group_topk:
+            if not self.groups or self.experts % self.groups or not 1 <= self.group_topk <= self.groups:
+                raise SpecError(f"moe.groups ({self.groups}) must divide moe.experts ({self.experts}) and "
+                                f"moe.group_topk ({self.group_topk}) be 1..groups")
+            if self.group_topk * (self.experts // self.groups) < self.top_k:
+                raise SpecError(f"moe.group_topk ({self.group_topk}) groups of {self.experts // self.groups} experts "
+                                f"cannot hold moe.top_k ({self.top_k})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +148,8 @@ class ModelSpec:
         for key in ("moe", "mla", "graph"):
             if d[key] is None:
                 del d[key]
+        if self.moe is not None and not self.moe.groups:
+            del d["moe"]["groups"], d["moe"]["group_topk"]  # plans made before the fields read alike
         return d
 
     @classmethod
@@ -168,7 +183,8 @@ class ModelSpec:
                 shared_experts=moe.int("shared_experts", 0, minimum=0),
                 shared_ffn_hidden=moe.int("shared_ffn_hidden", experts_ffn),
                 dense_layers=moe.int("dense_layers", 0, minimum=0),
-                router_scoring=moe.choice("router_scoring", ROUTER_SCORINGS, "softmax"))
+                router_scoring=moe.choice("router_scoring", ROUTER_SCORINGS, "softmax"),
+                groups=moe.int("groups", 0, minimum=0), group_topk=moe.int("group_topk", 0, minimum=0))
             moe.reject_unknown()
         mla = f.sub("mla")
         if mla is not None:
