@@ -302,18 +302,22 @@ def instances(draw):
 @given(instances())
 def test_search_equals_brute_force(instance):
     """The best plan and its three runners-up are the best four strategies of the space."""
-    model, setup, fixed = instance
+    _assert_best_four_are_brute_forces(*instance)
+
+
+def _assert_best_four_are_brute_forces(model, setup, fixed):
     result = search(model, CLUSTER, setup, fixed, top=3)
     ranked = brute_force_ranked(model, setup, fixed)
     if not ranked:
         assert result.best is None
-        return
+        return None
     assert result.proven_optimal
     assert result.considered == result.pruned_memory + result.pruned_bound + result.priced  # each counted once
     assert result.best.step_time_s == pytest.approx(ranked[0], rel=TIE)
     assert [c.step_time_s for c in result.alternatives] == pytest.approx(ranked[1:4], rel=TIE)
     for knob, value in fixed.items():
         assert getattr(result.best.strategy, knob) == value
+    return result.best
 
 
 @st.composite
@@ -336,16 +340,8 @@ def moe_instances(draw):
 def test_search_equals_brute_force_with_overlapped_expert_all_to_alls(instance):
     """Under --ep-overlap the search's space is the rules' (ep > 1, interleaving with pipeline
     stages: runtimes.ep_overlap_problems) and its best four are brute force's."""
-    model, setup, fixed = instance
-    result = search(model, CLUSTER, setup, fixed, top=3)
-    ranked = brute_force_ranked(model, setup, fixed)
-    if not ranked:
-        assert result.best is None
-        return
-    assert result.proven_optimal
-    assert result.best.step_time_s == pytest.approx(ranked[0], rel=TIE)
-    assert [c.step_time_s for c in result.alternatives] == pytest.approx(ranked[1:4], rel=TIE)
-    assert result.best.strategy.ep > 1 and (result.best.strategy.pp == 1 or result.best.strategy.vpp > 1)
+    best = _assert_best_four_are_brute_forces(*instance)
+    assert best is None or best.strategy.ep > 1 and (best.strategy.pp == 1 or best.strategy.vpp > 1)
 
 
 def test_full_recompute_counts_match_brute_force_on_a_fixed_split():
@@ -403,9 +399,11 @@ def _tight_cluster(memory_gib: float):
     return replace(CLUSTER, gpu=replace(CLUSTER.gpu, memory_bytes=memory_gib * 1024**3))
 
 
-def brute_force_tight(model, cluster, setup, fixed, every_layer: bool = False):
+def brute_force_tight(model, cluster, setup, fixed, every_layer: bool = False, rules=None):
     """Best step over every degree, micro-batch, vpp, mode, split and (recompute 'full') count of
-    recomputed layers per stage, tp and cp fixed to 1, priced with `estimate`."""
+    recomputed layers per stage, tp and cp fixed to 1, priced with `estimate`. With a runtime
+    record `rules`: what it refuses left out, its splits (Megatron's uneven ends) and, with one
+    count for every stage, each R (min(R, a stage's layers); none or all with interleaving)."""
     best = None
     for pp in range(1, model.layers + 1):
         if setup.gpus % pp:
@@ -415,14 +413,18 @@ def brute_force_tight(model, cluster, setup, fixed, every_layer: bool = False):
             for mode in ((fixed["recompute"],) if "recompute" in fixed else ("none", "selective", "full")):
                 s = Strategy(dp=dp, pp=pp, vpp=vpp, micro_batch=mb, zero=fixed["zero"], recompute=mode,
                              order=fixed["order"], schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
-                if strategy_problems(s, model, setup):
+                if strategy_problems(s, model, setup) or (rules is not None and rules.refusal(s, model)):
                     continue
-                for bounds in _splits(model.layers, pp, vpp):
+                ends = rules is not None and rules.uneven_split == "ends"
+                for bounds in (_megatron_splits if ends else _splits)(model.layers, pp, vpp):
                     sizes = [sum(b - a for a, b in bounds[i::pp]) for i in range(pp)]
                     if mode != "full":
                         counts = [None]
                     elif every_layer:  # the runtime recomputes every layer or none
                         counts = [tuple(sizes)]
+                    elif rules is not None and rules.recompute_counts == "uniform":
+                        counts = ([tuple(0 for _ in sizes), tuple(sizes)] if vpp > 1
+                                  else [tuple(min(r, n) for n in sizes) for r in range(max(sizes) + 1)])
                     else:
                         counts = itertools.product(*(range(n + 1) for n in sizes))
                     for count in counts:
@@ -871,36 +873,6 @@ def _megatron_splits(layers, pp, vpp):
                 yield list(zip(cuts[:-1], cuts[1:]))
 
 
-def brute_force_megatron(model, cluster, setup, fixed):
-    """Best step over Megatron's space (its record's refusals), each split and one
-    --recompute-num-layers R for every stage (min(R, its layers); none or all with interleaving)."""
-    rules = space.RUNTIME_RULES["megatron"]
-    best = None
-    for pp in range(1, model.layers + 1):
-        if setup.gpus % pp:
-            continue
-        dp = setup.gpus // pp
-        for mb, vpp in _micro_batches_and_vpps(model, setup, dp, pp):
-            for mode in ((fixed["recompute"],) if "recompute" in fixed else ("none", "selective", "full")):
-                s = Strategy(dp=dp, pp=pp, vpp=vpp, micro_batch=mb, zero=fixed["zero"], recompute=mode,
-                             order=fixed["order"], schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
-                if strategy_problems(s, model, setup) or rules.refusal(s, model):
-                    continue
-                for bounds in _megatron_splits(model.layers, pp, vpp):
-                    sizes = [sum(b - a for a, b in bounds[i::pp]) for i in range(pp)]
-                    if mode != "full":
-                        counts = [None]
-                    elif vpp > 1:
-                        counts = [tuple(0 for _ in sizes), tuple(sizes)]
-                    else:
-                        counts = [tuple(min(r, n) for n in sizes) for r in range(max(sizes) + 1)]
-                    for count in counts:
-                        est = estimate(model, cluster, setup, s, bounds=bounds, recompute_layers=count)
-                        if est.fits and (best is None or est.step_time_s < best):
-                            best = est.step_time_s
-    return best
-
-
 @st.composite
 def megatron_tight_instances(draw):
     """Deep enough for uneven first and last stages around equal middle ones (pp >= 3)."""
@@ -922,7 +894,7 @@ def test_search_equals_brute_force_for_megatrons_uneven_ends_and_one_recompute_c
     force over every layout and count."""
     model, cluster, setup, fixed = instance
     result = search(model, cluster, setup, fixed)
-    expected = brute_force_megatron(model, cluster, setup, fixed)
+    expected = brute_force_tight(model, cluster, setup, fixed, rules=space.RUNTIME_RULES["megatron"])
     if expected is None:
         assert result.best is None
         return
