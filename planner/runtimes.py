@@ -196,8 +196,10 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8"),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0),
 }
-# Runtimes that published runs ran on but that the search does not target: their space is left
-# unrestricted; what the cost model reads of them is the attention kernel.
+# Runtimes that published runs ran on but that the search does not target (a version, or a
+# setting, of a target; or a runtime described only by its kernels and loss): what the cost
+# model reads of them is the attention kernel, the loss's peak and, for a version of a target,
+# its space.
 RUNTIME_RULES["torchtitan@compile"] = replace(
     RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0,
     note="torchtitan with torch.compile of the model and the loss (training.compile from mid-2025, "
@@ -276,7 +278,7 @@ def ep_overlap_problems(s, model) -> list[str]:
         problems.append(f"ep-overlap with pipeline stages needs interleaving (pp {s.pp}, vpp {s.vpp})")
     if s.recompute == "full":
         problems.append("ep-overlap runs no full recomputation")
-    mtp = getattr(model, "mtp_layers", 0)
+    mtp = model.mtp_layers
     if mtp > 1:
         problems.append(f"ep-overlap runs at most one MTP layer (the model has {mtp})")
     elif mtp == 1 and s.pp == 1:

@@ -82,7 +82,7 @@ def degree_tuples(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixe
                     continue
                 if rules.uneven_split == "none" and model.layers % pp:
                     continue  # every stage the same layer count
-                if pp == 1 and setup.ep_overlap and getattr(model, "mtp_layers", 0) == 1:
+                if pp == 1 and setup.ep_overlap and model.mtp_layers == 1:
                     continue  # runtimes.ep_overlap_problems
                 yield tp, cp, pp, dp
 
