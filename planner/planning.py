@@ -229,7 +229,7 @@ def _nothing(model: ModelSpec, cluster: Cluster, constraints: dict, searched: di
     """The error of a request no runtime searched has a plan for: what refused it, what the
     closest candidate would need, or why no strategy is legal."""
     if not searched:
-        return SpecError("no supported runtime runs this setup: " + "; ".join(refused.values()))
+        return SpecError("no supported runtime runs this setup: " + "; ".join(dict.fromkeys(refused.values())))
     near = [(r.closest.peak_memory_bytes, i, setup, r) for i, (setup, r) in enumerate(searched.values()) if r.closest]
     if near:
         _, _, setup, r = min(near, key=lambda x: x[:2])

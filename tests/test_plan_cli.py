@@ -330,3 +330,11 @@ def test_a_named_moe_dispatcher_is_recorded_and_replanned(tmp_path):
     assert run("check", str(plain_path)).returncode == 0
     bad = run(*args, "--moe-dispatcher", "deepep")
     assert bad.returncode == 2 and "--moe-dispatcher" in one_error_line(bad)
+
+
+def test_a_setup_every_runtime_refuses_alike_is_one_line_said_once():
+    """--ep-overlap on a dense model: each supported runtime refuses it for the same reason,
+    which the error gives once, in one line, exit 2."""
+    line = one_error_line(run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "64",
+                              "--ep-overlap"))
+    assert line.count("llama3-8b has no experts") == 1
