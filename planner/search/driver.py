@@ -395,7 +395,7 @@ def _price(prof, rules, solver, time_limit_s, best_s: float = float("inf")) -> t
     if _counts_free(s, rules):
         # the split was chosen on relaxed tables (each range at its least time and least tail), so
         # another split may do better once the counts are chosen exactly
-        if cand.step_time_s > found.step_s * (1 + SAFETY) and found.step_s < best_s * (1 - SAFETY):
+        if (not cand.fits or cand.step_time_s > found.step_s * (1 + SAFETY)) and found.step_s < best_s * (1 - SAFETY):
             if free_split and rules.recompute_counts == "stage" and _dp_cells(prof, counts=True) > MAX_DP_CELLS:
                 stats["optimal"] = False  # the joint DP's tables would not fit: the split and counts stand
             elif free_split and rules.recompute_counts == "stage":
@@ -692,14 +692,14 @@ def _best_layout(prof, layouts: _Layouts, cand: Candidate, rules, cap, solver, t
     (or the search's `best_s`, which nothing above can beat): exact, as the joint DP is for a
     free split."""
     for q in np.argsort(layouts.steps, kind="stable").tolist():
-        if layouts.steps[q] >= min(cand.step_time_s, best_s):
+        if layouts.steps[q] >= min(cand.step_time_s if cand.fits else float("inf"), best_s):
             break
         split = layouts.split(q)
         if split == cand.bounds:
             continue
         other = _with_counts(prof, split, rules, cap, solver, time_limit_s, best_s, stats)
-        if other.fits and other.step_time_s < cand.step_time_s:
-            cand = other
+        if other.fits and (not cand.fits or other.step_time_s < cand.step_time_s):
+            cand = other  # (a layout whose one count fits no stage set is no plan: any that fits beats it)
     return cand
 
 
