@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
@@ -123,6 +123,10 @@ def command_lines(draw):
 
 @fuzz(150)
 @given(command_lines())
+# the nightly profile's find: a sweep whose counts all fail in pricing (fp8 on A100) left a shared
+# context registry half-written, and the next count's search met it (exit 70)
+@example(["plan", "-m", "llama3-8b", "-c", "dgx-a100-80g", "--gpus", "8-32", "--global-batch", "16", "--seq-len",
+          "512", "--precision", "fp8", "--cp", "1", "--micro-batch", "1", "--json"])
 def test_fuzzed_command_lines_keep_the_contract(args):
     code, out, err = planner(*args)
     check_contract(code, out, err, as_json=True)

@@ -83,8 +83,11 @@ class Registry:
         key = (tp, cp, ep, mb, sp, mode, spans)
         k = self.ids.get(key)
         if k is None:
+            # priced before it is registered: a context whose pricing raises (a GPU without the
+            # precision's peak) leaves the registry, which later searches share, as it was
+            priced = context(*self.args, *key)
             k = self.ids[key] = len(self.contexts)
-            self.contexts.append(context(*self.args, *key))
+            self.contexts.append(priced)
         return k
 
     def memory(self, tp: int, cp: int, ep: int, mb: int, sp: bool, mode: str) -> tuple:
