@@ -11,7 +11,7 @@ more on a stage that is not the bottleneck lengthens its backward, which hides m
 data-parallel reduction (a lower tail), at the price of sum t / v; choosing each stage's
 cheapest feasible r on its own misses that. With `uniform` (Megatron: one recompute-num-layers
 for every stage) stage i takes min(R, n_i) for one R: a choice of one integer, so every R is
-priced and the least taken (exact, no solver; a one-hot y[R] in the CBC form says the same).
+priced at once and the least taken (uniform_best: exact, no solver).
 """
 
 from __future__ import annotations
@@ -74,10 +74,7 @@ def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: i
     if uniform is not None:
         return _uniform_best(options, microbatches, vpp, uniform)
     if solver == "highs":
-        found = _recompute_highs(options, microbatches, vpp, uniform, time_limit_s)
-        if found is None:
-            return None
-        chosen, optimal = found
+        chosen, optimal = _recompute_highs(options, microbatches, vpp, time_limit_s)
         return IlpResult(recompute_layers=chosen, objective=_objective(options, chosen, microbatches, vpp),
                          optimal=optimal)
     import pulp  # the CBC form only: importing it costs more than a HiGHS solve
@@ -92,34 +89,20 @@ def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: i
         prob += pulp.lpSum(x[i, r] for r in o) == 1, f"one_r_{i}"
         prob += T >= pulp.lpSum(x[i, r] * o[r][0] for r in o), f"bottleneck_{i}"
         prob += U >= pulp.lpSum(x[i, r] * o[r][1] for r in o), f"tail_{i}"
-    if uniform is not None:
-        top = max(uniform)
-        y = {R: pulp.LpVariable(f"y_{R}", cat=pulp.LpBinary) for R in range(top + 1)}
-        prob += pulp.lpSum(y.values()) == 1, "one_R"
-        for i, (o, n) in enumerate(zip(options, uniform)):
-            for r in range(n + 1):
-                same = pulp.lpSum(y[R] for R in y if min(R, n) == r)
-                prob += (x[i, r] if r in o else 0) == same, f"uniform_{i}_{r}"
-    try:
-        values, optimal = _solve_cbc(prob, time_limit_s)
-    except SolverError:
-        if uniform is not None:
-            return None  # no single R fits every stage
-        raise
+    values, optimal = _solve_cbc(prob, time_limit_s)
     chosen = tuple(max((r for r in o if values[x[i, r].name] > 0.5), default=min(o)) for i, o in enumerate(options))
     return IlpResult(recompute_layers=chosen, objective=_objective(options, chosen, microbatches, vpp),
                      optimal=optimal)
 
 
-def _recompute_highs(options, microbatches: int, vpp: int, uniform, time_limit_s: float):
+def _recompute_highs(options, microbatches: int, vpp: int, time_limit_s: float):
     """recompute_ilp's model (the same variables and rows as its pulp form, built as arrays) solved
-    by HiGHS in process: (chosen counts, proven optimal), or None when `uniform` admits no R."""
+    by HiGHS in process: (chosen counts, proven optimal)."""
     import highspy
 
     cols = [(i, r) for i, o in enumerate(options) for r in o]
-    col = {c: 2 + k for k, c in enumerate(cols)}  # 0: T, 1: U, then x[i, r], then y[R]
-    tops = max(uniform) + 1 if uniform is not None else 0
-    n = 2 + len(cols) + tops
+    col = {c: 2 + k for k, c in enumerate(cols)}  # 0: T, 1: U, then x[i, r]
+    n = 2 + len(cols)
     cost = np.zeros(n)
     cost[0], cost[1] = microbatches - 1.0 / vpp, 1.0
     for (i, r), k in col.items():
@@ -130,14 +113,6 @@ def _recompute_highs(options, microbatches: int, vpp: int, uniform, time_limit_s
         rows.append((ks, [1.0] * len(ks), 1.0, 1.0))  # one r per stage
         rows.append(([0, *ks], [1.0, *(-o[r][0] for r in o)], 0.0, np.inf))  # T >= t_i
         rows.append(([1, *ks], [1.0, *(-o[r][1] for r in o)], 0.0, np.inf))  # U >= tail_i
-    if uniform is not None:
-        y = 2 + len(cols)
-        rows.append((list(range(y, y + tops)), [1.0] * tops, 1.0, 1.0))  # one R
-        for i, (o, layers) in enumerate(zip(options, uniform)):
-            for r in range(layers + 1):
-                same = [y + R for R in range(tops) if min(R, layers) == r]
-                ks, vals = ([col[i, r]], [1.0]) if r in o else ([], [])
-                rows.append((ks + same, vals + [-1.0] * len(same), 0.0, 0.0))  # x[i, r] == [min(R, n_i) == r]
     with _quiet_stdout():
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
@@ -161,8 +136,6 @@ def _recompute_highs(options, microbatches: int, vpp: int, uniform, time_limit_s
     with _quiet_stdout():
         h.run()
     if h.getInfo().primal_solution_status != 2:  # 2: a feasible solution
-        if uniform is not None:
-            return None  # no single R fits every stage
         raise SolverError(f"HiGHS found no solution ({h.modelStatusToString(h.getModelStatus())})")
     x = h.getSolution().col_value
     chosen = tuple(max((r for r in o if x[col[i, r]] > 0.5), default=min(o)) for i, o in enumerate(options))
