@@ -9,7 +9,7 @@ from planner.cost.memory import capacity_bytes
 from planner.cost.step import estimate
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan, strategy_block
-from planner.runtimes import RUNTIME_RULES, TARGETS, builds, model_refusal, record_name
+from planner.runtimes import RUNTIME_RULES, TARGETS, builds, ep_overlap_runs_mtp, model_refusal, record_name
 from planner.search import space
 from planner.search.driver import infeasible_message, search, strategy_key
 from planner.spec.efficiency import LegacyEfficiency
@@ -63,7 +63,7 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
                         "positions; a longer sequence has no position embedding")
     if ep_overlap and model.moe is None:
         raise SpecError(f"--ep-overlap overlaps expert all-to-alls; {model.name} has no experts")
-    if ep_overlap and model.mtp_layers > 1:
+    if ep_overlap and not ep_overlap_runs_mtp(model.mtp_layers, pp=max(2, model.layers)):
         raise SpecError(f"--ep-overlap runs at most one MTP layer; {model.name} has {model.mtp_layers}")
     return TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len, precision=precision,
                          attention=attention, runtime=runtime, memory_headroom=memory_headroom,

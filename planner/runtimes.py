@@ -263,26 +263,44 @@ def ep_overlap_refusal(runtime: str, ep_overlap: bool) -> str | None:
     return f"runtime {runtime} has no expert-parallel communication overlap (--ep-overlap)"
 
 
+# The rules of overlapping expert all-to-alls with computation, as Megatron-Core (the one runtime
+# that runs it) states them (megatron-core 0.16.0 TransformerConfig.__post_init__ under
+# overlap_moe_expert_parallel_comm), one predicate a knob: ep_overlap_problems reads them to refuse
+# a strategy, search/space.py to enumerate the space.
+
+def ep_overlap_runs_ep(ep: int) -> bool:
+    """expert parallelism"""
+    return ep > 1
+
+
+def ep_overlap_runs_stages(pp: int, vpp: int) -> bool:
+    """interleaved stages when there are pipeline stages (combined 1F1B pairs one micro-batch's
+    forward with another's backward chunk by chunk)"""
+    return pp == 1 or vpp > 1
+
+
+def ep_overlap_runs_recompute(mode: str) -> bool:
+    """no full recomputation"""
+    return mode != "full"
+
+
+def ep_overlap_runs_mtp(mtp_layers: int, pp: int) -> bool:
+    """at most one MTP layer, and with one, pipeline stages"""
+    return mtp_layers == 0 or mtp_layers == 1 and pp > 1
+
+
 def ep_overlap_problems(s, model) -> list[str]:
-    """The rules of overlapping expert all-to-alls with computation, as Megatron-Core (the one
-    runtime that runs it) states them (megatron-core 0.16.0 TransformerConfig.__post_init__ under
-    overlap_moe_expert_parallel_comm): expert parallelism, interleaved stages when there are
-    pipeline stages (its combined 1F1B pairs one micro-batch's forward with another's backward
-    chunk by chunk), no full recomputation, at most one MTP layer and with one, pipeline stages.
-    search/space.py enumerates by the same rules (the MTP ones are the model's: planning refuses
-    such a setup)."""
+    """Every ep-overlap rule above that Strategy `s` of `model` breaks (empty when it runs)."""
     problems = []
-    if s.ep <= 1:
+    if not ep_overlap_runs_ep(s.ep):
         problems.append(f"ep-overlap needs expert parallelism (ep {s.ep})")
-    if s.pp > 1 and s.vpp <= 1:
+    if not ep_overlap_runs_stages(s.pp, s.vpp):
         problems.append(f"ep-overlap with pipeline stages needs interleaving (pp {s.pp}, vpp {s.vpp})")
-    if s.recompute == "full":
+    if not ep_overlap_runs_recompute(s.recompute):
         problems.append("ep-overlap runs no full recomputation")
-    mtp = model.mtp_layers
-    if mtp > 1:
-        problems.append(f"ep-overlap runs at most one MTP layer (the model has {mtp})")
-    elif mtp == 1 and s.pp == 1:
-        problems.append("ep-overlap with an MTP layer needs pipeline stages (pp 1)")
+    if not ep_overlap_runs_mtp(model.mtp_layers, s.pp):
+        problems.append(f"ep-overlap runs at most one MTP layer, and with one pipeline stages "
+                        f"(the model has {model.mtp_layers}, pp {s.pp})")
     return problems
 
 

@@ -212,11 +212,22 @@ def test_recompute_ilp_couples_the_stages():
     assert result.objective < _objective(options, independent, 4, 1)
 
 
+def _uniform(options, microbatches, vpp, sizes):
+    """ilp.uniform_best of options given per stage as {count: (time, tail)}."""
+    from planner.search.ilp import uniform_best
+    times = np.full((len(options), max(sizes) + 1), np.inf)
+    tails = np.full_like(times, np.inf)
+    for i, o in enumerate(options):
+        for r, (t, tail) in o.items():
+            times[i, r], tails[i, r] = t, tail
+    return uniform_best(times, tails, np.isfinite(times), microbatches, vpp, sizes)
+
+
 def test_uniform_recompute_takes_one_count_for_every_stage():
     options = [{0: (1.0, 0.0), 1: (1.1, 0.0), 2: (1.2, 0.0)}, {2: (1.5, 0.0)}]
-    result = recompute_ilp(options, microbatches=4, vpp=1, uniform=[2, 2])
+    result = _uniform(options, microbatches=4, vpp=1, sizes=[2, 2])
     assert result.recompute_layers == (2, 2)
-    assert recompute_ilp([{0: (1.0, 0.0)}, {2: (1.5, 0.0)}], 4, 1, uniform=[2, 2]) is None
+    assert _uniform([{0: (1.0, 0.0)}, {2: (1.5, 0.0)}], 4, 1, [2, 2]) is None
 
 
 # --- the whole search against brute force ------------------------------------------------

@@ -9,7 +9,7 @@ stage i recomputes r layers (one-hot per stage; r ranging over the values that f
 the cost model's step time (cost/pipeline.py). The stages couple through T and U: recomputing
 more on a stage that is not the bottleneck lengthens its backward, which hides more of its
 data-parallel reduction (a lower tail), at the price of sum t / v; choosing each stage's
-cheapest feasible r on its own misses that. With `uniform` (Megatron: one recompute-num-layers
+cheapest feasible r on its own misses that. With one count (Megatron: one recompute-num-layers
 for every stage) stage i takes min(R, n_i) for one R: a choice of one integer, so every R is
 priced at once and the least taken (uniform_best: exact, no solver).
 """
@@ -63,16 +63,12 @@ def _solve_cbc(prob, time_limit_s: float) -> tuple[dict, bool]:
 
 
 def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: int, vpp: int,
-                  uniform: list[int] | None = None, solver: str = "highs",
-                  time_limit_s: float = 10.0) -> IlpResult | None:
-    """options[i][r] = (t_i(r), tail_i(r)) for every r that fits stage i; None if a stage has none
-    (or, with `uniform` = the layer count of each stage, no single R fits every stage)."""
+                  solver: str = "highs", time_limit_s: float = 10.0) -> IlpResult | None:
+    """options[i][r] = (t_i(r), tail_i(r)) for every r that fits stage i; None if a stage has none."""
     if any(not o for o in options):
         return None
     if solver not in SOLVERS:
         raise SolverError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
-    if uniform is not None:
-        return _uniform_best(options, microbatches, vpp, uniform)
     if solver == "highs":
         chosen, optimal = _recompute_highs(options, microbatches, vpp, time_limit_s)
         return IlpResult(recompute_layers=chosen, objective=_objective(options, chosen, microbatches, vpp),
@@ -140,16 +136,6 @@ def _recompute_highs(options, microbatches: int, vpp: int, time_limit_s: float):
     x = h.getSolution().col_value
     chosen = tuple(max((r for r in o if x[col[i, r]] > 0.5), default=min(o)) for i, o in enumerate(options))
     return chosen, h.getModelStatus() == highspy.HighsModelStatus.kOptimal
-
-
-def _uniform_best(options, microbatches: int, vpp: int, uniform: list[int]) -> IlpResult | None:
-    """uniform_best of options given per stage as {count: (time, tail)}."""
-    times = np.full((len(options), max(uniform) + 1), np.inf)
-    tails = np.full_like(times, np.inf)
-    for i, o in enumerate(options):
-        for r, (t, tail) in o.items():
-            times[i, r], tails[i, r] = t, tail
-    return uniform_best(times, tails, np.isfinite(times), microbatches, vpp, uniform)
 
 
 def uniform_best(times, tails, allowed, microbatches: int, vpp: int, uniform) -> IlpResult | None:

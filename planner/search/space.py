@@ -19,7 +19,14 @@ Runtimes restrict the space (RUNTIME_RULES); every flag the user fixed is a cons
 from __future__ import annotations
 
 import math
-from planner.runtimes import RUNTIME_RULES, RuntimeRules
+from planner.runtimes import (
+    RUNTIME_RULES,
+    RuntimeRules,
+    ep_overlap_runs_ep,
+    ep_overlap_runs_mtp,
+    ep_overlap_runs_recompute,
+    ep_overlap_runs_stages,
+)
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup
@@ -51,7 +58,7 @@ def recompute_modes(fixed: dict, rules: RuntimeRules | None = None, ep_overlap: 
     recomputed layers (recompute_layers) is a knob of 'full' only; ep_overlap runs no full
     recomputation (runtimes.ep_overlap_problems)."""
     modes = [m for m in RECOMPUTES if (rules is None or m in rules.recompute_modes)
-             and not (ep_overlap and m == "full")]
+             and (not ep_overlap or ep_overlap_runs_recompute(m))]
     return allowed(modes, fixed.get("recompute", "full" if "recompute_layers" in fixed else None))
 
 
@@ -82,8 +89,8 @@ def degree_tuples(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixe
                     continue
                 if rules.uneven_split == "none" and model.layers % pp:
                     continue  # every stage the same layer count
-                if pp == 1 and setup.ep_overlap and model.mtp_layers == 1:
-                    continue  # runtimes.ep_overlap_problems
+                if setup.ep_overlap and not ep_overlap_runs_mtp(model.mtp_layers, pp):
+                    continue
                 yield tp, cp, pp, dp
 
 
@@ -92,8 +99,10 @@ def ep_options(model: ModelSpec, dp: int, cp: int, fixed: int | None, rules: Run
     """Expert-parallel degrees: divisors of experts and dp*cp; more than 1 under ep_overlap
     (runtimes.ep_overlap_problems)."""
     if model.moe is None or not rules.expert_parallel or precision not in rules.ep_precisions:
-        return allowed([] if ep_overlap else [1], fixed)
-    return allowed([e for e in divisors(math.gcd(model.moe.experts, dp * cp)) if e > 1 or not ep_overlap], fixed)
+        degrees = [1]
+    else:
+        degrees = divisors(math.gcd(model.moe.experts, dp * cp))
+    return allowed([e for e in degrees if not ep_overlap or ep_overlap_runs_ep(e)], fixed)
 
 
 def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None, rules: RuntimeRules,
@@ -101,8 +110,10 @@ def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None,
     """Virtual stages per rank; with pipeline stages under ep_overlap, interleaved only
     (runtimes.ep_overlap_problems)."""
     def legal(v: int) -> bool:
+        if ep_overlap and not ep_overlap_runs_stages(pp, v):
+            return False
         if v == 1:
-            return not (ep_overlap and pp > 1)
+            return True
         return (pp > 1 and rules.interleaving and microbatches % pp == 0 and pp * v <= model.layers
                 and (not rules.even_chunks or model.layers % (pp * v) == 0))
 
