@@ -18,7 +18,7 @@ def test_preset_lists_are_complete():
     for name in ("gpt3-175b", "llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b",
                  "deepseek-v3", "qwen2.5-72b", "bert-large"):
         assert name in MODELS
-    for name in ("dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "mi300x-8", "l40s-pcie-8",
+    for name in ("dgx-a100-40g", "dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "grand-teton-h100", "mi300x-8", "l40s-pcie-8",
                  "rtx4090-pcie-8"):
         assert name in CLUSTERS
 

@@ -212,3 +212,49 @@ def test_efficiency_blocks_of_both_versions_load_and_others_are_refused(tmp_path
                         ({"version": 2, "fitted": ["hbm"]}, "fitted")):
         with pytest.raises(SpecError, match=needle):
             Cluster.from_dict(dict(base, efficiency=bad), "bad.yaml")
+
+
+DERATED = """\
+name: mine
+gpu: {name: h100-capped, derated_from: {gpu: h100-sxm-80g, compute: 0.5}, memory_gib: 90, hbm_GBps: 2000}
+gpus_per_node: 8
+intra_node: {GBps: 450, latency_us: 3}
+inter_node: {GBps: 50, latency_us: 6}
+"""
+
+
+def test_a_derated_gpu_is_its_base_slower_with_its_own_keys(tmp_path):
+    """derated_from scales the base's dense peaks and measured attention throughputs by the
+    factor, keeps its measured fractions of peak, and takes every key the file states."""
+    from planner.spec.hardware import load_gpu
+    base = load_gpu("h100-sxm-80g")
+    gpu = load_cluster(str(write(tmp_path, "c.yaml", DERATED))).gpu
+    assert gpu.name == "h100-capped" and gpu.family == base.family
+    assert gpu.memory_bytes == 90 * 1024**3 and gpu.hbm_Bps == 2000e9
+    assert dict(gpu.peak_flops) == pytest.approx({p: v / 2 for p, v in base.peak_flops})
+    assert gpu.measured.gemm_fraction == base.measured.gemm_fraction
+    assert gpu.measured.hbm_fraction == base.measured.hbm_fraction
+    for mine, theirs in zip(gpu.measured.attention, base.measured.attention, strict=True):
+        assert (mine.kernel, mine.causal, mine.head_dim) == (theirs.kernel, theirs.causal, theirs.head_dim)
+        assert [t for _, t in mine.points] == pytest.approx([t / 2 for _, t in theirs.points])
+    assert load_gpu("h100-sxm-96g-500w").flops("bf16") == pytest.approx(0.895 * base.flops("bf16"))
+
+
+@pytest.mark.parametrize("change, expected", [
+    ("compute: 0.5", "compute: 1.5"),
+    ("compute: 0.5", "compute: 0.5, speed: 2"),
+    ("gpu: h100-sxm-80g", "gpu: h100-sxm-8g"),
+    ("memory_gib: 90", "memory_gib: 90, tflops: {bf16: 500}"),
+])
+def test_a_bad_derating_names_its_key(tmp_path, change, expected):
+    message = spec_error(load_cluster, write(tmp_path, "c.yaml", DERATED.replace(change, expected)))
+    assert "c.yaml" in message
+    assert any(k in message for k in ("compute", "speed", "h100-sxm-8g", "tflops")), message
+
+
+def test_a_gpu_derated_from_itself_is_refused(tmp_path):
+    path = write(tmp_path, "loop.yaml", "name: loop\nderated_from: {gpu: PATH, compute: 0.9}\n")
+    path.write_text(path.read_text().replace("PATH", str(path)))
+    from planner.spec.hardware import load_gpu
+    message = spec_error(load_gpu, path)
+    assert "cycle" in message

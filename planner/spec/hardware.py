@@ -154,7 +154,7 @@ class Cluster:
         if isinstance(gpu_ref, str):
             gpu = load_gpu(gpu_ref)
         elif isinstance(gpu_ref, dict):
-            gpu = Gpu.from_dict(gpu_ref, f"{where}: gpu")
+            gpu = gpu_from_mapping(dict(gpu_ref), f"{where}: gpu")
         else:
             raise f.error("gpu", f"expected a GPU preset name or a mapping, got {gpu_ref!r}")
         intra, inter = f.sub("intra_node"), f.sub("inter_node")
@@ -174,11 +174,50 @@ def _efficiency(f: Fields | None, gpu: Gpu) -> Efficiency | LegacyEfficiency:
     return efficiency_from_fields(f, gpu.family)
 
 
-def load_gpu(ref: str) -> Gpu:
+def load_gpu(ref: str, _seen: tuple[str, ...] = ()) -> Gpu:
     path = resolve(ref, "hardware/gpus", "GPU")
     data = load_mapping(path)
     data.setdefault("name", path.stem)
-    return Gpu.from_dict(data, str(path))
+    return gpu_from_mapping(data, str(path), _seen + (str(path.resolve()),))
+
+
+def gpu_from_mapping(data: dict, where: str, seen: tuple[str, ...] = ()) -> Gpu:
+    """A GPU from its mapping (a file's or a cluster's inline `gpu:`), derated where it says so."""
+    if "derated_from" in data:
+        data = derated(data, where, seen)
+    return Gpu.from_dict(data, where)
+
+
+def derated(data: dict, where: str, seen: tuple[str, ...]) -> dict:
+    """A GPU file written as another GPU run slower (`derated_from: {gpu: NAME, compute: F}`: a
+    power-capped part, say): the base GPU's dense peaks and measured attention throughputs times
+    F, its measured fractions of peak (GEMM, HBM) kept, and every other key the file states
+    (memory_gib, hbm_GBps, tdp_w, source, ...) taking the place of the base's."""
+    f = Fields(data, where)
+    d = f.sub("derated_from")
+    if d is None:
+        raise f.error("derated_from", "expected a mapping {gpu: NAME, compute: FRACTION}")
+    factor = d.float("compute", maximum=1.0)
+    ref = d.str("gpu")
+    d.reject_unknown()
+    if f.has("tflops"):
+        raise f.error("tflops", "a derated GPU takes its peaks from derated_from.gpu; state one or the other")
+    try:
+        base_path = str(resolve(ref, "hardware/gpus", "GPU").resolve())
+    except SpecError as e:
+        raise d.error("gpu", str(e)) from None
+    if base_path in seen:
+        raise f.error("derated_from.gpu", f"{ref!r} is derated from this file again (a cycle)")
+    base = load_gpu(ref, seen).to_dict()
+    base["tflops"] = {p: v * factor for p, v in base["tflops"].items()}
+    if "measured" in base:
+        m = base["measured"]
+        for table in m["attention"]:
+            table["tflops"] = {s: v * factor for s, v in table["tflops"].items()}
+        m["source"] = f"{m['source']} (of {base['name']}; attention x {factor:g} with its peaks)"
+    merged = {k: v for k, v in base.items() if k != "name"}
+    merged.update({k: v for k, v in data.items() if k != "derated_from"})
+    return merged
 
 
 def load_cluster(ref: str) -> Cluster:
