@@ -52,6 +52,23 @@ def _setup_options(f):
                      help="the space searched: supported = the union of megatron, deepspeed, torchtitan and nanotron (each "
                           "plan priced as the runtime that runs it); one of them; ideal = no runtime's limits "
                           "(what-if: no runtime may run its plans; 'any' is its old name)"),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return _moe_options(f)
+
+
+def _moe_options(f):
+    """The MoE flags, handed to the command as one `moe` (MoeOptions)."""
+    import functools
+
+    from planner.spec.training import MoeOptions
+
+    @functools.wraps(f)
+    def command(*args, moe_dispatcher, ep_overlap, **kwargs):
+        return f(*args, moe=MoeOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap), **kwargs)
+
+    opts = [
         click.option("--moe-dispatcher", type=click.Choice(["alltoall", "dedup"]), default=None,
                      help="how MoE tokens reach their experts: one copy per expert (alltoall) or per node and "
                           "rank (dedup: Megatron's flex dispatcher)  [default: the runtime's]"),
@@ -60,8 +77,8 @@ def _setup_options(f):
                           "--overlap-moe-expert-parallel-comm: ep > 1, interleaved stages, no full recompute)"),
     ]
     for opt in reversed(opts):
-        f = opt(f)
-    return f
+        command = opt(command)
+    return command
 
 
 def _read_plan(path) -> dict:
@@ -92,8 +109,8 @@ def _headroom_option(default: float):
 @_headroom_option(0.0)
 @click.option("--json", "as_json", is_flag=True, help="print exactly one plan document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here")
-def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, moe_dispatcher,
-             ep_overlap, memory_headroom, as_json, output, **knobs):
+def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, moe,
+             memory_headroom, as_json, output, **knobs):
     """Price exactly the strategy given (unset knobs take documented defaults)."""
     from planner import report
     from planner.errors import SpecError
@@ -111,7 +128,7 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
     constraints = {k: v for k, v in knobs.items() if v is not None}
     plan = estimate_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len,
                          precision=precision, attention=attention, runtime=runtime, constraints=constraints,
-                         memory_headroom=memory_headroom, moe_dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap)
+                         memory_headroom=memory_headroom, moe=moe)
     text = dumps(plan)
     if output:
         write_atomic(output, text)
@@ -210,8 +227,8 @@ def calibrate(runs_file, cluster_name, output):
 @click.option("--json", "as_json", is_flag=True, help="print exactly one JSON document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here (atomically)")
 @click.option("--dask", help="run a sweep on the Dask cluster at this scheduler address (the dask extra)")
-def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, moe_dispatcher,
-         ep_overlap, solver, time_limit_s, top, show_ranks, memory_headroom, as_json, output, dask, **knobs):
+def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, moe,
+         solver, time_limit_s, top, show_ranks, memory_headroom, as_json, output, dask, **knobs):
     """Search the strategy space and write the best plan (strategy flags are constraints)."""
     from planner import report
     from planner.errors import InfeasibleError
@@ -231,7 +248,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
     request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
                    precision=precision, attention=attention, runtime=runtime, constraints=constraints,
                    solver=solver, time_limit_s=time_limit_s, top=top, memory_headroom=memory_headroom,
-                   moe_dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap)
+                   moe=moe)
     if one_count:
         with report.progress("searching", delay_s=1.0) as step:
             doc = make_plan(gpus=counts[0], progress=step, **request)
@@ -274,10 +291,7 @@ _RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "nanotron", "id
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True)
 @click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True)
 @click.option("--runtime", type=click.Choice(_RUNTIMES), default="supported", show_default=True)
-@click.option("--moe-dispatcher", type=click.Choice(["alltoall", "dedup"]), default=None,
-              help="how MoE tokens reach their experts  [default: the runtime's]")
-@click.option("--ep-overlap", is_flag=True, default=False,
-              help="overlap expert all-to-alls with another micro-batch's computation (Megatron's)")
+@_moe_options
 @_strategy_options
 @click.option("--tokens", type=float, help="tokens to train on (or --steps)")
 @click.option("--steps", type=click.IntRange(1, None), help="optimizer steps to run (or --tokens)")
@@ -299,7 +313,7 @@ _RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "nanotron", "id
 def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_len, precision, attention, runtime,
              tokens, steps,
              gpu_hour_price, pue, failure_rate, storage_gbps, storage_node_gbps, async_checkpoint, host_copy_gbps,
-             restart_s, memory_headroom, fmt, output, plot_file, dask, moe_dispatcher, ep_overlap, **knobs):
+             restart_s, memory_headroom, fmt, output, plot_file, dask, moe, **knobs):
     """A whole training run: days, GPU-hours, cost, energy and goodput under failures, per
     cluster, GPU count and batch (the best plan's step time; planner/forecast.py)."""
     import json
@@ -331,7 +345,7 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_l
         doc = rounded(forecast_document(model, clusters, gpus, list(global_batches), seq_len, precision, attention,
                                         runtime, inputs, memory_headroom, progress=step, schedule=schedule,
                                         dask=dask, constraints={k: v for k, v in knobs.items() if v is not None},
-                                        moe_dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap))
+                                        moe=moe))
     text = csv_text(doc) if fmt == "csv" else json.dumps(doc, sort_keys=True, indent=2) + "\n"
     if output:
         write_atomic(output, text)

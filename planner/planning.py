@@ -15,7 +15,7 @@ from planner.search.driver import infeasible_message, search, strategy_key
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
-from planner.spec.training import DEFAULT_HEADROOM, TrainingSetup, check_gpu_count, resolve_strategy
+from planner.spec.training import DEFAULT_HEADROOM, MoeOptions, TrainingSetup, check_gpu_count, resolve_strategy
 from planner.units import bytes_to_gib
 
 SUPPORTED = "supported"
@@ -49,8 +49,7 @@ def _notes(cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes
 
 
 def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
-           attention: str, runtime: str, memory_headroom: float, moe_dispatcher: str = "",
-           ep_overlap: bool = False) -> TrainingSetup:
+           attention: str, runtime: str, memory_headroom: float, moe: MoeOptions = MoeOptions()) -> TrainingSetup:
     """The training setup of a request (the model's sequence length unless one is given), after
     checking that the GPU count fills whole nodes."""
     check_gpu_count(gpus, cluster.gpus_per_node)
@@ -61,18 +60,18 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
     if not model.is_graph and model.position_embedding == "learned" and seq > model.max_position:
         raise SpecError(f"--seq-len {seq}: {model.name} has a learned position table of {model.max_position} "
                         "positions; a longer sequence has no position embedding")
-    if ep_overlap and model.moe is None:
+    if moe.ep_overlap and model.moe is None:
         raise SpecError(f"--ep-overlap overlaps expert all-to-alls; {model.name} has no experts")
-    if ep_overlap and not ep_overlap_runs_mtp(model.mtp_layers, pp=max(2, model.layers)):
+    if moe.ep_overlap and not ep_overlap_runs_mtp(model.mtp_layers, pp=max(2, model.layers)):
         raise SpecError(f"--ep-overlap runs at most one MTP layer; {model.name} has {model.mtp_layers}")
     return TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len, precision=precision,
                          attention=attention, runtime=runtime, memory_headroom=memory_headroom,
-                         moe_dispatcher=moe_dispatcher, ep_overlap=ep_overlap)
+                         **moe.setup_fields())
 
 
 def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None,
                   precision: str, attention: str, runtime: str, constraints: dict, memory_headroom: float = 0.0,
-                  moe_dispatcher: str = "", ep_overlap: bool = False) -> dict:
+                  moe: MoeOptions = MoeOptions()) -> dict:
     """The plan document of exactly the strategy given (unset knobs take their defaults; no
     headroom unless asked: a configuration that ran, fits), priced as `runtime` runs it (a
     strategy its record refuses: SpecError), or with SUPPORTED as the fastest of the TARGETS that
@@ -82,7 +81,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     for name in _space_names(model, runtime):
         try:
             setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name, memory_headroom,
-                           moe_dispatcher, ep_overlap)
+                           moe)
             strategy = resolve_strategy(constraints, setup)
             why = RUNTIME_RULES[name].refusal(strategy, model)
             if why:
@@ -97,7 +96,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     notes = []
     if not priced:
         setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, "ideal", memory_headroom,
-                       moe_dispatcher, ep_overlap)
+                       moe)
         strategy = resolve_strategy(constraints, setup)
         est = estimate(model, cluster, setup, strategy)
         notes.append("no supported runtime runs this strategy (" + "; ".join(refused) + "): priced in the ideal space")
@@ -114,7 +113,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
               attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
               top: int = 3, progress=None, found: dict | None = None, memory_headroom: float = DEFAULT_HEADROOM,
-              moe_dispatcher: str = "", per_runtime: bool = True, ep_overlap: bool = False) -> dict:
+              moe: MoeOptions = MoeOptions(), per_runtime: bool = True) -> dict:
     """The plan document of the best strategy in the space of `runtime`, or with SUPPORTED in the
     union of the spaces of TARGETS (each searched exactly, the fastest plan of all taken, ties to
     the earlier in TARGETS; a model none of them builds is planned in the ideal space, with a
@@ -128,7 +127,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
     for name in names:
         try:
             setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name, memory_headroom,
-                           moe_dispatcher, ep_overlap)
+                           moe)
         except SpecError as e:
             if not union:
                 raise
@@ -273,8 +272,7 @@ def replan(doc: dict, refresh_presets: bool = False) -> dict:
                      runtime=SUPPORTED if "runtimes" in inputs else tr["runtime"],
                      constraints=dict(inputs["constraints"]), solver=inputs["solver"]["name"],
                      time_limit_s=inputs["solver"]["time_limit_s"], top=len(doc.get("alternatives", [])),
-                     memory_headroom=tr.get("memory_headroom", 0.0), moe_dispatcher=tr.get("moe_dispatcher", ""),
-                     ep_overlap=tr.get("ep_overlap", False))
+                     memory_headroom=tr.get("memory_headroom", 0.0), moe=MoeOptions.recorded(tr))
 
 
 def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> dict:
@@ -333,7 +331,7 @@ def _sweep_chunk(request: dict, counts: list[int]) -> list[dict]:
             try:
                 setups[n] = _setup(r["model"], r["cluster"], n, r["global_batch"], r["seq_len"], r["precision"],
                                    r["attention"], name, r.get("memory_headroom", DEFAULT_HEADROOM),
-                                   r.get("moe_dispatcher", ""), r.get("ep_overlap", False))
+                                   r.get("moe", MoeOptions()))
             except PlannerError:
                 pass  # make_plan says why
         try:

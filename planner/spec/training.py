@@ -24,6 +24,23 @@ training/performance/README.md). `estimate` and `validate` price at 0: what ran,
 
 
 @dataclass(frozen=True, slots=True)
+class MoeOptions:
+    """How a request runs its experts: the TrainingSetup fields moe_dispatcher and ep_overlap as
+    one value, what the CLI, planning and forecasts pass along (TrainingSetup checks them)."""
+
+    dispatcher: str = ""
+    ep_overlap: bool = False
+
+    def setup_fields(self) -> dict:
+        return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap}
+
+    @classmethod
+    def recorded(cls, training: dict) -> "MoeOptions":
+        """The options a plan's inputs.training records (absent: the defaults)."""
+        return cls(dispatcher=training.get("moe_dispatcher", ""), ep_overlap=training.get("ep_overlap", False))
+
+
+@dataclass(frozen=True, slots=True)
 class TrainingSetup:
     gpus: int
     global_batch: int
