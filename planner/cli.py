@@ -65,8 +65,9 @@ def _moe_options(f):
     from planner.spec.training import MoeOptions
 
     @functools.wraps(f)
-    def command(*args, moe_dispatcher, ep_overlap, **kwargs):
-        return f(*args, moe=MoeOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap), **kwargs)
+    def command(*args, moe_dispatcher, ep_overlap, moe_folding, **kwargs):
+        return f(*args, moe=MoeOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding),
+                 **kwargs)
 
     opts = [
         click.option("--moe-dispatcher", type=click.Choice(["alltoall", "dedup"]), default=None,
@@ -75,6 +76,9 @@ def _moe_options(f):
         click.option("--ep-overlap", is_flag=True, default=False,
                      help="overlap expert all-to-alls with another micro-batch's computation (Megatron's "
                           "--overlap-moe-expert-parallel-comm: ep > 1, interleaved stages, no full recompute)"),
+        click.option("--moe-folding", is_flag=True, default=False,
+                     help="expert layers without tensor parallelism, ep carved from tp x cp x dp (Megatron's "
+                          "MoE parallel folding, --expert-tensor-parallel-size 1)"),
     ]
     for opt in reversed(opts):
         command = opt(command)

@@ -398,7 +398,8 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
     if inputs.preset("restart_s"):
         notes.append(f"restart after a failure {RESTART_S:g} s (assumed; --restart-s)")
     notes.append("the front is " + ("days against cost" if priced else "days against GPU-hours (no price given)"))
-    given = {"ep_overlap": True} if moe.ep_overlap else {}  # forecasts made before the knob read alike
+    # forecasts made before these knobs read alike
+    given = {k: True for k, on in (("ep_overlap", moe.ep_overlap), ("moe_folding", moe.folding)) if on}
     return {"schema": SCHEMA, "planner_version": __version__,
             "inputs": {**given, "model": model.name, "clusters": [c.name for c in clusters], "gpus": gpus,
                        "global_batches": list(global_batches), "seq_len": seq_len or model.seq_len,

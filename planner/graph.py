@@ -40,6 +40,9 @@ class Ctx:
     """recompute mode of this layer: none | selective | full"""
     flash: bool = True
     dropout: float = 0.0
+    folded: bool = False
+    """expert layers without tensor parallelism (MoE parallel folding, TrainingSetup.moe_folding):
+    each rank routes its own 1/tp of the tokens to whole experts"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,15 +240,18 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         k = l.k / tp if l.split == "row" else l.k
         gemms.append((2 * tokens * n * k, intensity(tokens, n, k)))
     expert_tokens = 0.0
+    etp = 1 if ctx.folded else tp
     if layer.experts:
-        # Balanced routing: each GPU of an expert-parallel group processes tokens*top_k token-expert
-        # pairs, spread over its experts/ep local experts (expert weights also sharded by tp).
+        # Balanced routing: each GPU of an expert-parallel group processes tokens*top_k*etp/tp
+        # token-expert pairs, spread over its experts/ep local experts, their weights sharded by
+        # the experts' tensor parallelism etp (tp, or 1 when folded: the same FLOPs a GPU).
         expert_tokens = tokens * layer.top_k
-        per_expert = max(expert_tokens * ctx.ep / layer.experts, 1.0)
+        routed = expert_tokens * etp / tp
+        per_expert = max(routed * ctx.ep / layer.experts, 1.0)
         for l in layer.expert_linears:
-            n = l.n / tp if l.split == "col" else l.n
-            k = l.k / tp if l.split == "row" else l.k
-            gemms.append((2 * expert_tokens * n * k, intensity(per_expert, n, k)))
+            n = l.n / etp if l.split == "col" else l.n
+            k = l.k / etp if l.split == "row" else l.k
+            gemms.append((2 * routed * n * k, intensity(per_expert, n, k)))
         gemms.append((2 * tokens * h * layer.experts, intensity(tokens, layer.experts, h)))
 
     # Attention core: scores 2*s*s*d_qk and context 2*s*s*d_v per head and sequence.
@@ -272,7 +278,7 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     saved = _saved(layer, ctx, tokens, rep, q_local, kv_local, score_elems, expert_tokens)
     params_local = _dense_local(layer, tp) + 2 * h * (2 if layer.norm == "layernorm" else 1) + h * layer.experts
     dense_w, _, ew, eb = _layer_weights(layer)
-    expert_local_all = layer.experts * (ew + eb) / (tp * ctx.ep)
+    expert_local_all = layer.experts * (ew + eb) / (etp * ctx.ep)
     gemm_weights = dense_w + layer.experts * ew
 
     model_flops = (2 * b * s * (dense_w + layer.top_k * ew + h * layer.experts)
@@ -280,7 +286,9 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     return Work(
         gemms=tuple(gemms), attn_flops=attn_flops, attn_intensity=attn_int, elementwise_bytes=elementwise,
         core_elementwise_bytes=softmax_rw,
-        tp_message_bytes=tokens * h * ACT_BYTES if tp > 1 else 0.0, tp_collectives=2 if tp > 1 else 0,
+        tp_message_bytes=tokens * h * ACT_BYTES if tp > 1 else 0.0,
+        # attention's and the MLP's (a folded expert MLP beside no dense one has none)
+        tp_collectives=0 if tp == 1 else 1 if ctx.folded and layer.experts and not layer.mlp_linears else 2,
         cp_message_bytes=2 * b * (s / cp) * kv_local * layer.d_qk * ACT_BYTES if cp > 1 else 0.0,
         ep_message_bytes=expert_tokens * h * ACT_BYTES / tp if layer.experts else 0.0,
         ep_collectives=2 if layer.experts else 0,

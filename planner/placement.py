@@ -5,9 +5,11 @@ Worked example, order tp-cp-dp-pp with tp=2, dp=2, pp=2 (8 ranks): tp groups [0,
 [6,7]; dp groups [0,2] [1,3] [4,6] [5,7]; pp groups [0,4] [1,5] [2,6] [3,7].
 Expert parallelism (ep) is carved from the dp*cp ranks: numbering that block innermost first (the
 one of cp and dp with the smaller stride inside), the ep group takes ep consecutive of them and
-the expert data-parallel group (edp) every ep-th (expert_layout). Megatron-Core's expert rank
-generator forms exactly these groups wherever it runs the placement (tests/test_runtime_exports.py
-compares them with megatron-core 0.16.0).
+the expert data-parallel group (edp) every ep-th (expert_layout). With the experts' own tensor
+parallelism etp below tp (MoE parallel folding, Megatron-Core's expert_tensor_parallel_size), ep
+is carved from the whole tp*cp*dp block instead: etp innermost, then ep, then edp (folded_layout).
+Megatron-Core's expert rank generator forms exactly these groups wherever it runs the placement
+(tests/test_runtime_exports.py compares them with megatron-core 0.16.0).
 """
 
 from __future__ import annotations
@@ -88,6 +90,32 @@ def group_of_rank0(order: str, degrees: dict[str, int], dims: tuple[str, ...]) -
 
 
 def expert_layout(st: dict[str, int], degrees: dict[str, int]) -> tuple[tuple, tuple] | None:
+    """Where the expert groups sit: folded_layout where degrees['etp'] (absent: tp) is below tp,
+    else carved_layout."""
+    if degrees.get("etp", degrees["tp"]) < degrees["tp"]:
+        return folded_layout(st, degrees)
+    return carved_layout(st, degrees)
+
+
+def folded_layout(st: dict[str, int], degrees: dict[str, int]) -> tuple[tuple, tuple] | None:
+    """The ep and edp groups of MoE parallel folding, as expert_layout gives them: Megatron-Core's
+    expert rank generator numbers each pipeline stage's tp*cp*dp ranks with etp innermost, then
+    ep, then edp (RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1) in the same order), so an ep
+    group is ep ranks etp apart and an edp group every (etp*ep)-th. With pp outermost (or pp 1)
+    a stage's ranks are consecutive; under an order that ends in dp, the expert groups are those
+    only where edp equals dp (etp*ep = tp*cp: megatron-core asserts as much). None otherwise."""
+    etp, ep, tp, cp, dp = degrees["etp"], degrees["ep"], degrees["tp"], degrees["cp"], degrees["dp"]
+    block = tp * cp * dp
+    if tp % etp or block % (etp * ep):
+        return None
+    if degrees["pp"] == 1 or st["pp"] == block:
+        return ((etp, ep),), ((etp * ep, block // (etp * ep)),)
+    if etp * ep == tp * cp and st["dp"] == tp * cp * degrees["pp"]:
+        return ((etp, ep),), ((st["dp"], dp),)
+    return None
+
+
+def carved_layout(st: dict[str, int], degrees: dict[str, int]) -> tuple[tuple, tuple] | None:
     """Where the expert (ep) and expert data-parallel (edp) groups sit in the dp*cp block, with
     the order's strides `st`: each as ((stride, size),), a progression of ranks, or ((a, inner),
     (S, outer)), blocks of `inner` ranks at stride a, `outer` of them at stride S. The block's
@@ -111,16 +139,28 @@ def expert_layout(st: dict[str, int], degrees: dict[str, int]) -> tuple[tuple, t
     return None
 
 
-def has_expert_layout(order: str, tp: int, cp: int, dp: int, pp: int, ep: int) -> bool:
-    """Whether ep can be carved from the dp*cp block under this order (expert_layout)."""
+def has_expert_layout(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, etp: int = 0) -> bool:
+    """Whether the expert groups can be laid out under this order (expert_layout; etp 0: tp)."""
+    degrees = expert_degrees(tp, cp, dp, pp, ep, etp)
+    # with ep 1 the experts' groups are the dense ones, unless folded (edp then spans tp too)
+    return ep == 1 and "etp" not in degrees or expert_layout(strides(order, degrees), degrees) is not None
+
+
+def expert_degrees(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int = 0) -> dict[str, int]:
+    """The degrees placement reads; 'etp' only where the experts' tensor parallelism is below tp."""
     degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
-    return ep == 1 or expert_layout(strides(order, degrees), degrees) is not None
+    if 0 < etp < tp:
+        degrees["etp"] = etp
+    return degrees
 
 
 def _expert(st: dict[str, int], degrees: dict[str, int], dim: str) -> tuple:
     layout = expert_layout(st, degrees)
     if layout is None:
         from planner.errors import SpecError
+        if "etp" in degrees:
+            raise SpecError(f"ep {degrees['ep']} with expert tp {degrees['etp']} cannot be laid out over tp "
+                            f"{degrees['tp']} x cp {degrees['cp']} x dp {degrees['dp']} under this rank order")
         raise SpecError(f"ep {degrees['ep']} cannot be carved from cp {degrees['cp']} x dp {degrees['dp']} under this "
                         "rank order (ep must divide the inner one's degree or be a multiple of it)")
     return layout[0] if dim == "ep" else layout[1]
@@ -264,10 +304,12 @@ GROUPS = ("tp", "cp", "ep", "pp", "edp", "dpcp")
 
 
 @lru_cache(maxsize=65536)
-def group_spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, gpus_per_node: int) -> tuple[Span, ...]:
+def group_spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, gpus_per_node: int,
+                etp: int = 0) -> tuple[Span, ...]:
     """Spans of the slowest group of each of GROUPS of a placement, in that order (as _span
-    finds them: tp, cp and pp are progressions of ranks; ep, edp and dpcp may be blocks)."""
-    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
+    finds them: tp, cp and pp are progressions of ranks; ep, edp and dpcp may be blocks); etp:
+    the experts' tensor parallelism (0: tp)."""
+    degrees = expert_degrees(tp, cp, dp, pp, ep, etp)
     st = strides(order, degrees)
     total = tp * cp * dp * pp
     return (_run_span(st["tp"], tp, gpus_per_node, total), _run_span(st["cp"], cp, gpus_per_node, total),

@@ -206,8 +206,9 @@ def read_plan(path) -> dict:
 
 def _check_degrees(doc: dict, path) -> None:
     """A plan's degrees fill its GPUs (dp*tp*pp*cp = gpus, at most limits.MAX_GPUS) and its
-    expert-parallel size divides dp*cp: an edited plan that breaks them is refused by every reader
-    (ranks would otherwise list groups of GPUs the plan does not have)."""
+    expert-parallel size divides dp*cp (tp*dp*cp with folded experts): an edited plan that breaks
+    them is refused by every reader (ranks would otherwise list groups of GPUs the plan does not
+    have)."""
     from planner.errors import PlanFormatError
     from planner.limits import MAX_GPUS
     s, gpus = doc["strategy"], doc["inputs"]["training"]["gpus"]
@@ -216,8 +217,10 @@ def _check_degrees(doc: dict, path) -> None:
     product = s["dp"] * s["tp"] * s["pp"] * s["cp"]
     if product != gpus:
         raise PlanFormatError(f"{path}: strategy dp*tp*pp*cp = {product:,} does not fill the plan's {gpus:,} GPUs")
-    if (s["dp"] * s["cp"]) % s["ep"]:
-        raise PlanFormatError(f"{path}: strategy ep {s['ep']} does not divide dp*cp = {s['dp'] * s['cp']}")
+    folded = doc["inputs"]["training"].get("moe_folding", False)
+    pool, named = (s["dp"] * s["cp"] * s["tp"], "tp*dp*cp") if folded else (s["dp"] * s["cp"], "dp*cp")
+    if pool % s["ep"]:
+        raise PlanFormatError(f"{path}: strategy ep {s['ep']} does not divide {named} = {pool}")
 
 
 def old_schema_note(doc: dict, path) -> str | None:
@@ -231,6 +234,8 @@ def old_schema_note(doc: dict, path) -> str | None:
 def rank_groups_of(doc: dict) -> dict:
     """Explicit rank groups of every parallel dimension of a plan."""
     from planner.placement import rank_groups
+    from planner.placement import expert_degrees
     st = doc["strategy"]
-    degrees = {k: st[k] for k in ("tp", "cp", "dp", "pp", "ep")}
+    folded = doc["inputs"]["training"].get("moe_folding", False)
+    degrees = expert_degrees(*(st[k] for k in ("tp", "cp", "dp", "pp", "ep")), 1 if folded else 0)
     return {dim: rank_groups(doc["placement"]["order"], degrees, dim) for dim in ("tp", "cp", "ep", "dp", "pp")}

@@ -6,7 +6,7 @@ import math
 
 from planner.bands import mfu_warning
 from planner.cost.memory import capacity_bytes
-from planner.cost.step import estimate
+from planner.cost.step import estimate, expert_fold
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan, strategy_block
 from planner.runtimes import RUNTIME_RULES, TARGETS, builds, ep_overlap_runs_mtp, model_refusal, record_name
@@ -62,6 +62,8 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
                         "positions; a longer sequence has no position embedding")
     if moe.ep_overlap and model.moe is None:
         raise SpecError(f"--ep-overlap overlaps expert all-to-alls; {model.name} has no experts")
+    if moe.folding and model.moe is None:
+        raise SpecError(f"--moe-folding lays out expert layers; {model.name} has no experts")
     if moe.ep_overlap and not ep_overlap_runs_mtp(model.mtp_layers, pp=max(2, model.layers)):
         raise SpecError(f"--ep-overlap runs at most one MTP layer; {model.name} has {model.mtp_layers}")
     return TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len, precision=precision,
@@ -83,7 +85,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
             setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name, memory_headroom,
                            moe)
             strategy = resolve_strategy(constraints, setup)
-            why = RUNTIME_RULES[name].refusal(strategy, model)
+            why = RUNTIME_RULES[name].refusal(strategy, model, expert_fold(model, setup, strategy.tp))
             if why:
                 raise SpecError(f"runtime {name} cannot run {why}")
         except SpecError as e:

@@ -21,7 +21,8 @@ def estimate_table(plan: dict) -> None:
     tr = plan["inputs"]["training"]
     title = (f"{plan['inputs']['model']['name']} on {tr['gpus']} x {plan['inputs']['cluster']['gpu']['name']} "
              f"({plan['inputs']['cluster']['name']}), global batch {tr['global_batch']}, seq {tr['seq_len']}, {tr['precision']}"
-             + (", expert all-to-alls overlapped" if tr.get("ep_overlap") else ""))
+             + (", expert all-to-alls overlapped" if tr.get("ep_overlap") else "")
+             + (", experts folded (expert tp 1)" if tr.get("moe_folding") else ""))
     err.print(f"[bold]{esc(title)}[/bold]")
     err.print(esc(_knobs(st)))
     summary = Table(show_header=False, box=None, pad_edge=False)

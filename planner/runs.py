@@ -34,7 +34,8 @@ CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
 """published runs no fit may use: out-of-sample checks shown by `planner validate`"""
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
-            "analytic_reference", "confidence", "runtime", "runtime_version", "moe_dispatcher", "ep_overlap", "erratum")
+            "analytic_reference", "confidence", "runtime", "runtime_version", "moe_dispatcher", "ep_overlap", "moe_folding",
+            "erratum")
 RUN_RUNTIMES = tuple(name for name in RUNTIME_RULES if name != "ideal")
 """the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron,
 Megatron-LM before its 2023 overlaps as megatron@2022; Megatron-DeepSpeed as deepspeed; MosaicML
@@ -84,7 +85,7 @@ def load_runs(path: Path | None = None) -> list[Run]:
                               precision=f.choice("precision", ("bf16", "fp16", "fp8"), "bf16"),
                               attention=f.choice("attention", ("flash", "eager"), "flash"), runtime=runtime,
                               moe_dispatcher=f.choice("moe_dispatcher", MOE_DISPATCHERS, ""),
-                              ep_overlap=f.bool("ep_overlap", False))
+                              ep_overlap=f.bool("ep_overlap", False), moe_folding=f.bool("moe_folding", False))
         strategy = dict(f.raw("strategy", {}))
         for knob in strategy:
             if knob not in STRATEGY_KNOBS:

@@ -114,6 +114,9 @@ class RuntimeRules:
     on an fp32 cast (torchtitan's loss uncompiled: the fp32 log-probabilities it keeps, their
     gradient and the input's gradient at once), 4 for that loss under torch.compile (it keeps
     the bf16 logits and the per-row statistics; the gradient comes back in bf16)"""
+    moe_folding: bool = False
+    """runs expert layers with their own tensor parallelism of 1 beside the dense tp (MoE parallel
+    folding: megatron-core's expert_tensor_parallel_size, --expert-tensor-parallel-size 1)"""
     ep_overlap: bool = False
     """can overlap the expert all-to-alls of one micro-batch with the computation of another
     (Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm; priced by
@@ -128,11 +131,12 @@ class RuntimeRules:
             return np.where(np.greater(pp, 1) & np.greater_equal(zero, 2), 1, zero)
         return 1 if pp > 1 and zero >= 2 else zero
 
-    def refusal(self, s, model) -> str | None:
+    def refusal(self, s, model, fold: int = 1) -> str | None:
         """What this runtime cannot run of Strategy `s` for ModelSpec `model` (None when it runs
         it): the rules the search's space (search/space.py, search/bounds.py) enumerates by, read
-        from the same fields. The precision, the dispatcher and the model itself are refused with
-        the setup (precision_refusal, dispatcher_refusal, model_refusal)."""
+        from the same fields; `fold`: tp over the experts' tp (order_runs). The precision, the
+        dispatcher, folding and the model itself are refused with the setup (precision_refusal,
+        dispatcher_refusal, folding_refusal, model_refusal)."""
         zeros = self.zero_with_pp if s.pp > 1 else self.zero
         if s.zero not in zeros:
             return f"ZeRO {s.zero}{' under pipeline stages' if s.pp > 1 else ''} (it runs {zeros})"
@@ -150,8 +154,9 @@ class RuntimeRules:
             return f"unequal stages ({model.layers} layers over {s.pp})"
         if s.order not in self.orders and s.dp > 1 and s.pp > 1:  # the orders differ only then
             return f"rank order {s.order} (it places ranks {' or '.join(self.orders)})"
-        if not self.order_runs(s.order, s.cp, s.pp, s.ep):
-            return (f"rank order {s.order} with pipeline stages and cp {s.cp} != ep {s.ep} (the expert groups "
+        if not self.order_runs(s.order, s.cp, s.pp, s.ep, fold):
+            carved = f"cp {s.cp}" if fold == 1 else f"tp*cp {s.tp * s.cp}"
+            return (f"rank order {s.order} with pipeline stages and {carved} != ep {s.ep} (the expert groups "
                     "need pp outermost)")
         if s.recompute not in self.recompute_modes:
             return f"{s.recompute} activation recomputation (it runs {', '.join(self.recompute_modes)})"
@@ -159,9 +164,11 @@ class RuntimeRules:
             return f"full recomputation of some layers only (recompute_layers {s.recompute_layers})"
         return None
 
-    def order_runs(self, order: str, cp: int, pp: int, ep: int) -> bool:
-        """Whether the rank order places these degrees (pp_outermost_unless_cp_is_ep)."""
-        return not self.pp_outermost_unless_cp_is_ep or pp == 1 or order.endswith("pp") or cp == ep
+    def order_runs(self, order: str, cp: int, pp: int, ep: int, fold: int = 1) -> bool:
+        """Whether the rank order places these degrees (pp_outermost_unless_cp_is_ep; `fold`: tp
+        over the experts' tp, the share of tp the expert groups fold in: edp = dp*cp*fold/ep is dp
+        exactly when ep = cp*fold)."""
+        return not self.pp_outermost_unless_cp_is_ep or pp == 1 or order.endswith("pp") or cp * fold == ep
 
     def fixed_split(self, pp, vpp):
         """Whether the even split is the only split: one stage, interleaving (equal virtual
@@ -178,13 +185,14 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
     "ideal": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True,
                           "the ideal space: no runtime's restrictions (for what-if analysis; no runtime may run "
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
-                          ep_overlap=True, loss_bytes_per_logit=4.0),
+                          ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
                              tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                              # validate_args: "Expert parallelism is not supported with fp16 training."
-                             ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True),
+                             ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True,
+                             moe_folding=True),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, layers split evenly (pp divides them), activation checkpointing of "
@@ -253,6 +261,13 @@ def dispatcher_refusal(runtime: str, requested: str) -> str | None:
     if not requested or requested in runs:
         return None
     return f"runtime {runtime} has no {requested} MoE dispatcher (it runs {', '.join(runs)})"
+
+
+def folding_refusal(runtime: str, folding: bool) -> str | None:
+    """Why `runtime` cannot run folded experts (None when it can or when not asked)."""
+    if not folding or RUNTIME_RULES[runtime].moe_folding:
+        return None
+    return f"runtime {runtime} has no MoE parallel folding (--moe-folding: expert tensor parallelism 1)"
 
 
 def ep_overlap_refusal(runtime: str, ep_overlap: bool) -> str | None:

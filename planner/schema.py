@@ -9,7 +9,7 @@ optional keys that later features fill: runnable_on (the runtimes that execute t
 pools (mixed clusters). A v1 plan lacks the first three; diff, check, export and ranks read it.
 Later optional v2 keys: inputs.runtimes, alternatives[].runtime and best_per_runtime (a search
 over the union of several runtimes' spaces, the default), and training.runtime 'ideal' (the
-old 'any', still read as 'ideal'), and inputs.training.ep_overlap.
+old 'any', still read as 'ideal'), and inputs.training.ep_overlap and moe_folding.
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ _TRAINING = {"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
              "attention": {"type": "string", "enum": ["flash", "eager"]},
              "runtime": {"type": "string", "enum": ["ideal", *OLD_NAMES, *TARGETS]}}
 TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
-                 "moe_dispatcher": {"type": "string", "enum": ["alltoall", "dedup"]}, "ep_overlap": _BOOL},
+                 "moe_dispatcher": {"type": "string", "enum": ["alltoall", "dedup"]}, "ep_overlap": _BOOL,
+                 "moe_folding": _BOOL},
                 required=[*_TRAINING, "memory_headroom"])
-"""moe_dispatcher only where the request named one (else the runtime's own); ep_overlap only
-where it is on"""
+"""moe_dispatcher only where the request named one (else the runtime's own); ep_overlap and
+moe_folding only where they are on"""
 _SOLVER = _obj({"name": _STR, "time_limit_s": _NUM})
 _INPUTS = {"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,
            "constraints": {"type": "object"}, "solver": _SOLVER, "sha256": _STR}

@@ -558,3 +558,44 @@ def test_node_limited_routing_sends_deepseek_v3s_tokens_to_fewer_nodes():
     assert comm.hit_probability(256, 8, 32) * 7 > limited
     plain = comm.dispatch_time_s(1e8, 8, 256, span, cluster)
     assert comm.dispatch_time_s(1e8, 8, 256, span, cluster, 8, 4) < plain
+
+
+def test_folded_experts_keep_their_flops_and_hold_whole_experts():
+    """MoE parallel folding (expert tensor parallelism 1 under tp > 1): a GPU runs the same expert
+    FLOPs (its 1/tp of the tokens through whole experts), holds tp times the expert parameters
+    of the same ep, shards them over tp times the expert data-parallel ranks, and runs no tensor-
+    parallel collective around an expert MLP that has no dense MLP beside it; with tp 1 folding
+    changes nothing."""
+    from planner.cost.step import state_shards
+    from planner.graph import Ctx, build_layers, layer_work
+    model = load_model("mixtral-8x7b")
+    moe = next(layer for layer in build_layers(model) if layer.experts)
+    assert not moe.mlp_linears
+    plain, folded = (layer_work(moe, Ctx(micro_batch=1, seq_len=4096, tp=2, ep=4, sp=True, folded=f))
+                     for f in (False, True))
+    n = len(moe.expert_linears)
+    expert_flops = [sum(f for f, _ in w.gemms[-1 - n:-1]) for w in (plain, folded)]
+    assert expert_flops[0] == pytest.approx(expert_flops[1], rel=1e-12)
+    assert folded.expert_params_local == pytest.approx(2 * plain.expert_params_local, rel=1e-12)
+    assert (plain.tp_collectives, folded.tp_collectives) == (2, 1)
+    assert state_shards(8, 1, 4, fold=2) == (8, 4) and state_shards(8, 1, 4) == (8, 2)
+
+    cluster = load_cluster("dgx-h100")
+    setup = TrainingSetup(gpus=64, global_batch=256, seq_len=4096, runtime="megatron")
+    s = resolve_strategy({"tp": 1, "pp": 2, "ep": 8, "micro_batch": 1, "recompute": "full"}, setup)
+    one, other = (estimate(model, cluster, replace(setup, moe_folding=f), s) for f in (False, True))
+    assert (one.step_time_s, one.peak_memory_bytes) == (other.step_time_s, other.peak_memory_bytes)
+
+
+def test_folded_experts_are_laid_out_over_tp_and_refused_where_no_runtime_folds():
+    """--moe-folding carves ep from tp x cp x dp (ep 8 over tp 2 x dp 4: refused unfolded), and
+    a runtime without folding refuses the setup."""
+    from planner.spec.training import strategy_problems
+    model = load_model("mixtral-8x7b")
+    setup = TrainingSetup(gpus=8, global_batch=64, seq_len=4096, runtime="megatron", moe_folding=True)
+    s = resolve_strategy({"tp": 2, "ep": 8, "micro_batch": 1}, setup)
+    assert strategy_problems(s, model, setup) == []
+    assert any("must divide dp*cp" in p for p in strategy_problems(s, model, replace(setup, moe_folding=False)))
+    from planner.errors import SpecError
+    with pytest.raises(SpecError, match="runtime deepspeed has no MoE parallel folding"):
+        TrainingSetup(gpus=8, global_batch=64, seq_len=4096, runtime="deepspeed", moe_folding=True)

@@ -87,13 +87,38 @@ def _degree_tuples(total: int):
             if total % (tp * cp * pp) == 0]
 
 
-def _check_worst_group(order, tp, cp, dp, pp, ep, g):
-    from planner.placement import GROUPS, group_spans, rank_groups, span_of, worst
+def _check_worst_group(order, tp, cp, dp, pp, ep, g, etp=0):
+    from planner.placement import GROUPS, expert_degrees, group_spans, rank_groups, span_of, worst
 
-    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep}
-    for name, priced in zip(GROUPS, group_spans(order, tp, cp, dp, pp, ep, g)):
+    degrees = expert_degrees(tp, cp, dp, pp, ep, etp)
+    for name, priced in zip(GROUPS, group_spans(order, tp, cp, dp, pp, ep, g, etp)):
         groups = rank_groups(order, degrees, name)
+        assert sorted(r for grp in groups for r in grp) == list(range(tp * cp * dp * pp)), (order, degrees, name)
         assert priced == worst(span_of(grp, g) for grp in groups), (order, degrees, g, name)
+
+
+@pytest.mark.parametrize("g", [4, 8, 72])
+def test_folded_expert_groups_price_their_slowest_group(g):
+    """MoE parallel folding (expert tp 1 under tp > 1): on every degree tuple up to 48 GPUs and
+    every order that lays folded experts out, the ep and edp groups tile the ranks and the span
+    priced is the slowest of them; an ep group is ep ranks etp apart inside one pipeline stage."""
+    from planner.placement import rank_groups
+    laid = 0
+    for total in range(1, 49):
+        if total > g and total % g:
+            continue
+        for tp, cp, dp, pp in _degree_tuples(total):
+            if tp == 1:
+                continue
+            for order in ORDERS:
+                for ep in (e for e in (2, 3, 4, 6, 8, 16) if (tp * cp * dp) % e == 0):
+                    if not has_expert_layout(order, tp, cp, dp, pp, ep, 1):
+                        continue
+                    laid += 1
+                    _check_worst_group(order, tp, cp, dp, pp, ep, g, 1)
+                    first = rank_groups(order, {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep, "etp": 1}, "ep")[0]
+                    assert first == list(range(ep)), (order, tp, cp, dp, pp, ep)
+    assert laid > 100
 
 
 @pytest.mark.parametrize("g", [4, 8, 72])

@@ -338,3 +338,29 @@ def test_a_setup_every_runtime_refuses_alike_is_one_line_said_once():
     line = one_error_line(run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "64",
                               "--ep-overlap"))
     assert line.count("llama3-8b has no experts") == 1
+
+
+def test_folded_experts_are_recorded_exported_to_megatron_and_refused_elsewhere(tmp_path):
+    """--moe-folding: the plan records it, ep may exceed dp*cp (ep 8 over tp 2 x dp 4, pp 2), `check`
+    re-plans it alike, `ranks` lists ep groups of consecutive ranks, Megatron's export carries
+    --expert-tensor-parallel-size 1, DeepSpeed refuses, and a dense model is refused with exit 2."""
+    path = tmp_path / "folded.json"
+    args = ["plan", "-m", "mixtral-8x7b", "-c", "dgx-h100", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096",
+            "--tp", "2", "--pp", "2", "--vpp", "1", "--ep", "8", "--moe-folding", "--moe-dispatcher", "alltoall",
+            "--runtime", "megatron"]
+    result = run(*args, "--json", "-o", str(path))
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["inputs"]["training"]["moe_folding"] is True
+    assert (plan["strategy"]["tp"], plan["strategy"]["dp"], plan["strategy"]["ep"]) == (2, 4, 8)
+    assert run("check", str(path)).returncode == 0
+    ranks = run("ranks", str(path), "--json")
+    assert ranks.returncode == 0, ranks.stderr
+    assert json.loads(ranks.stdout)["ep"] == [list(range(8)), list(range(8, 16))]
+    exported = run("export", str(path), "--to", "megatron")
+    assert exported.returncode == 0, exported.stderr
+    assert "--expert-tensor-parallel-size 1" in exported.stdout
+    refused = run("export", str(path), "--to", "deepspeed")
+    assert refused.returncode != 0 and "folding" in refused.stderr
+    dense = run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "64", "--moe-folding")
+    assert dense.returncode == 2 and "--moe-folding" in one_error_line(dense)

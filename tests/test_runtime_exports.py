@@ -279,16 +279,17 @@ def test_a_model_no_runtime_builds_is_planned_in_the_ideal_space_with_a_note():
 
 # ------------------------------------------------------------------ Megatron-Core's rank generator
 
-def _megatron_generators(tp, cp, dp, pp, ep, order):
+def _megatron_generators(tp, cp, dp, pp, ep, order, etp=None):
     """The dense and expert RankGenerators megatron-core 0.16.0's initialize_model_parallel builds
-    (expert tensor parallel = tp, expert data parallel = world / (tp * ep * pp), cp 1)."""
+    (expert tensor parallel etp, tp unless given; expert data parallel = world / (etp * ep * pp);
+    cp 1)."""
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no Transformer Engine or Apex on CPU
         from megatron.core.parallel_state import RankGenerator
-    world = tp * cp * dp * pp
+    world, etp = tp * cp * dp * pp, etp or tp
     dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order)
-    expert = RankGenerator(tp=tp, ep=ep, dp=world // (tp * ep * pp), pp=pp, cp=1, order=order)
+    expert = RankGenerator(tp=etp, ep=ep, dp=world // (etp * ep * pp), pp=pp, cp=1, order=order)
     return dense, expert
 
 
@@ -320,6 +321,29 @@ def test_megatron_cores_rank_generator_forms_the_groups_the_plan_prices(tp, cp, 
                         ("pp", dense.get_ranks("pp")), ("dpcp", dense.get_ranks("dp-cp")),
                         ("ep", expert.get_ranks("ep")), ("edp", expert.get_ranks("dp"))):
         assert ours(dim) == sorted(sorted(g) for g in theirs), dim
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.sampled_from([2, 4, 8]), st.sampled_from([1, 2]), st.sampled_from([1, 2, 3, 4]),
+       st.sampled_from([1, 2, 4]), st.sampled_from([2, 4, 8, 16]), st.sampled_from(RUNTIME_RULES["megatron"].orders))
+def test_megatron_cores_rank_generator_forms_the_folded_expert_groups(tp, cp, dp, pp, ep, order):
+    """MoE parallel folding (--moe-folding, expert tensor parallel size 1): where the Megatron
+    record runs the placement, megatron-core 0.16.0's expert RankGenerator forms exactly the ep
+    and edp groups the plan prices (placement.folded_layout), and where it refuses, megatron-core
+    rejects it (its pp-outermost assertion or unequal pipeline groups)."""
+    from planner.placement import has_expert_layout, rank_groups
+    if (tp * cp * dp) % ep:
+        return
+    dense, expert = _megatron_generators(tp, cp, dp, pp, ep, order, etp=1)
+    edp = tp * cp * dp // ep
+    megatron_runs = (order.endswith("pp") or pp == 1 or edp == dp) and dense.get_ranks("pp") == expert.get_ranks("pp")
+    ours = RUNTIME_RULES["megatron"].order_runs(order, cp, pp, ep, tp) and has_expert_layout(order, tp, cp, dp, pp, ep, 1)
+    assert ours == megatron_runs
+    if not ours:
+        return
+    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "ep": ep, "etp": 1}
+    for dim, theirs in (("ep", expert.get_ranks("ep")), ("edp", expert.get_ranks("dp"))):
+        assert sorted(rank_groups(order, degrees, dim)) == sorted(sorted(g) for g in theirs), dim
 
 
 # ------------------------------------------------------------------ Megatron-Core's expert overlap

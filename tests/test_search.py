@@ -265,7 +265,8 @@ def brute_force_ranked(model, setup, fixed):
                 dp = setup.gpus // (tp * cp * pp)
                 if cp > 1 and setup.seq_len // cp < space.MIN_CP_TOKENS:
                     continue
-                eps = [1] if model.moe is None else [e for e in space.divisors(dp * cp) if model.moe.experts % e == 0]
+                pool = dp * cp * (tp // setup.expert_tp(tp, model))  # ep is carved from tp x dp x cp when folded
+                eps = [1] if model.moe is None else [e for e in space.divisors(pool) if model.moe.experts % e == 0]
                 for (mb, vpp), ep in itertools.product(_micro_batches_and_vpps(model, setup, dp, pp), eps):
                     for mode in ("none", "selective"):
                         for zero in (0, 1, 2, 3):
@@ -332,15 +333,17 @@ def _assert_best_four_are_brute_forces(model, setup, fixed):
 
 
 @st.composite
-def moe_instances(draw):
-    """Small MoE setups whose expert all-to-alls are overlapped (--ep-overlap, ideal space)."""
+def moe_instances(draw, folding: bool = False):
+    """Small MoE setups whose expert all-to-alls are overlapped (--ep-overlap, ideal space), or
+    whose experts are folded (--moe-folding)."""
     heads = draw(st.sampled_from([4, 8]))
     experts = draw(st.sampled_from([4, 8]))
     model = ModelSpec(name="tiny-moe", layers=draw(st.integers(2, 4)), hidden=heads * 64, heads=heads,
                       ffn_hidden=512, vocab=draw(st.sampled_from([1000, 32000])), ffn_act="swiglu", seq_len=2048,
                       moe=MoeSpec(experts=experts, top_k=draw(st.sampled_from([1, 2])),
                                   expert_ffn_hidden=draw(st.sampled_from([128, 512]))))
-    setup = TrainingSetup(gpus=draw(st.sampled_from([8, 16])), global_batch=16, seq_len=2048, ep_overlap=True)
+    setup = TrainingSetup(gpus=draw(st.sampled_from([8, 16])), global_batch=16, seq_len=2048, ep_overlap=not folding,
+                          moe_folding=folding)
     fixed = {"order": "tp-cp-ep-dp-pp", "zero": draw(st.sampled_from([0, 1])),
              "recompute": draw(st.sampled_from(["none", "selective"]))}
     return model, setup, fixed
@@ -353,6 +356,14 @@ def test_search_equals_brute_force_with_overlapped_expert_all_to_alls(instance):
     stages: runtimes.ep_overlap_problems) and its best four are brute force's."""
     best = _assert_best_four_are_brute_forces(*instance)
     assert best is None or best.strategy.ep > 1 and (best.strategy.pp == 1 or best.strategy.vpp > 1)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(moe_instances(folding=True))
+def test_search_equals_brute_force_with_folded_experts(instance):
+    """Under --moe-folding ep is carved from tp x cp x dp (ep may exceed dp*cp) and the search's
+    best four are brute force's."""
+    _assert_best_four_are_brute_forces(*instance)
 
 
 def test_full_recompute_counts_match_brute_force_on_a_fixed_split():
@@ -844,6 +855,8 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
                           runtime=str(rng.choice(["any", "torchtitan"])))
     if moe is not None and setup.runtime == "ideal" and rng.random() < 0.5:
         setup = replace(setup, ep_overlap=True)  # the expert all-to-alls overlapped (--ep-overlap)
+    if moe is not None and setup.runtime == "ideal" and rng.random() < 0.5:
+        setup = replace(setup, moe_folding=True)  # expert layers without tensor parallelism
     found = bounds_mod.bound_all(model, CLUSTER, setup, {}, space.RUNTIME_RULES[setup.runtime])
     picks = rng.choice(len(found.bound_s), size=min(12, len(found.bound_s)), replace=False)
     refined, _ = found.refined_s(np.sort(picks))

@@ -27,7 +27,7 @@ from planner.graph import (
     head_work,
     layer_work,
 )
-from planner.placement import GROUPS, Span, group_spans, tiers
+from planner.placement import GROUPS, Span, expert_degrees, group_spans, tiers
 from planner.runtimes import RUNTIME_RULES, attention_kernel, tp_overlap
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
@@ -251,7 +251,7 @@ LAYER_ROWS = (*_PREFIX_KEYS, "rec_b", "rec_f", "saved_b", "saved_f", "main_b", "
 
 def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy) -> Profile:
     g = min(cluster.gpus_per_node, setup.gpus)
-    spans = dict(zip(GROUPS, group_spans(s.order, s.tp, s.cp, s.dp, s.pp, s.ep, g)))
+    spans = dict(zip(GROUPS, group_spans(s.order, s.tp, s.cp, s.dp, s.pp, s.ep, g, setup.expert_tp(s.tp, model))))
     tables = context_tables(model, cluster, setup, s.tp, s.cp, s.ep, s.micro_batch, s.sequence_parallel,
                             s.recompute, spans)
     ends = tables.ends
@@ -263,10 +263,16 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
                    zero=RUNTIME_RULES[setup.runtime].priced_zero(s.zero, s.pp))
 
 
-def state_shards(dp: int, cp: int, ep: int) -> tuple[int, int]:
+def state_shards(dp: int, cp: int, ep: int, fold: int = 1) -> tuple[int, int]:
     """The ranks ZeRO shards a stage's states over: dp*cp for dense parameters, the expert
-    data-parallel group dp*cp/ep for experts."""
-    return dp * cp, max(1, dp * cp // ep)
+    data-parallel group dp*cp*fold/ep for experts (fold: tp over the experts' tp, tp when
+    folded, else 1)."""
+    return dp * cp, max(1, dp * cp * fold // ep)
+
+
+def expert_fold(model: ModelSpec, setup: TrainingSetup, tp: int) -> int:
+    """tp over the experts' tensor parallelism: tp when the experts are folded, else 1."""
+    return tp // setup.expert_tp(tp, model)
 
 
 def pricing_key(prof: Profile) -> tuple:
@@ -276,7 +282,8 @@ def pricing_key(prof: Profile) -> tuple:
     a key when their layer prices come out equal, e.g. cp and micro-batch scaled together with
     dp*cp fixed (tests/test_search.py shows such ties)."""
     s = prof.strategy
-    return (s.pp, s.vpp, s.tp, prof.zero, s.dp_overlap, *state_shards(s.dp, s.cp, s.ep), s.recompute,
+    return (s.pp, s.vpp, s.tp, prof.zero, s.dp_overlap, *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp)),
+            s.recompute,
             s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.p2p_s, prof.transient_bytes,
             prof.prefetch_bytes, prof.spans["dpcp"], prof.spans["edp"], tuple(sorted(prof.ends.items())),
             tuple(prof.prefix[k].tobytes() for k in sorted(prof.prefix)))
@@ -317,7 +324,7 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
               sequence_parallel: bool) -> Ctx:
     """The shape one micro-batch takes on one GPU under these degrees (no recomputation)."""
     return Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
-               flash=setup.attention == "flash", dropout=model.dropout)
+               flash=setup.attention == "flash", dropout=model.dropout, folded=setup.expert_tp(tp, model) < tp)
 
 
 def base_mode(recompute: str) -> str:
@@ -439,7 +446,7 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
         per_mb = zero_traffic_s(coll, prof.zero, prof.grad_bytes, dense, sums["expert"])
         z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
     t = before_zero + z
-    shards, eshards = state_shards(s.dp, s.cp, s.ep)
+    shards, eshards = state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp))
     # recomputation runs inside backward and hides traffic too
     exposed, opt = stage_tail_s(coll, prof.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
                                 sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster)
@@ -527,7 +534,7 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
     """stage_memory of stage i: its micro-batches in flight, and the rebuild buffer when it
     recomputes a layer fully."""
     s = prof.strategy
-    return stage_memory(prof.zero, dense, sums["expert"], *state_shards(s.dp, s.cp, s.ep),
+    return stage_memory(prof.zero, dense, sums["expert"], *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp)),
                         pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
                         prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes)
 
@@ -690,7 +697,7 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     peak = gpu.flops(setup.precision)
     flops = model_flops_per_sequence(model, setup.seq_len) * setup.global_batch
     peak_stage = max(stages, key=lambda st: st.memory.total)
-    degrees = {"tp": s.tp, "cp": s.cp, "dp": s.dp, "pp": s.pp, "ep": s.ep}
+    degrees = expert_degrees(s.tp, s.cp, s.dp, s.pp, s.ep, setup.expert_tp(s.tp, model))
     executed = executed_flops_per_step(model, setup, s, stages)
     return StepEstimate(
         step_time_s=step_s, breakdown_s={k: breakdown[k] for k in BREAKDOWN_KEYS}, memory=peak_stage.memory,

@@ -64,6 +64,8 @@ class PlanView:
     """the MoE dispatcher the plan was priced with (TrainingSetup.dispatcher)"""
     ep_overlap: bool = False
     """expert all-to-alls overlapped with another micro-batch's computation (TrainingSetup.ep_overlap)"""
+    moe_folding: bool = False
+    """expert layers without tensor parallelism (TrainingSetup.moe_folding)"""
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
@@ -119,7 +121,8 @@ def read(plan: dict) -> PlanView:
                     stages=tuple(stages),
                     dispatcher=dispatcher(record_name(training.get("runtime", "ideal")),
                                           training.get("moe_dispatcher", "")),
-                    ep_overlap=training.get("ep_overlap", False) is True, **t, **s)
+                    ep_overlap=training.get("ep_overlap", False) is True,
+                    moe_folding=training.get("moe_folding", False) is True, **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:
@@ -172,15 +175,17 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
     """What the runtime's capability record (planner/runtimes.py) refuses of the plan's strategy,
     of the MoE dispatcher it was priced with and of its expert-parallel overlap, the record the
     search and `estimate --runtime` read: an exporter refuses at least that."""
-    from planner.runtimes import RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal
+    from planner.runtimes import RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal, folding_refusal
     from planner.spec.training import Strategy
     s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
                  recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
                  schedule=v.schedule, order=v.order)
-    why = RUNTIME_RULES[record].refusal(s, v.model)
+    why = RUNTIME_RULES[record].refusal(s, v.model, v.tp if v.moe_folding else 1)
     if not why and v.ep > 1 and v.dispatcher not in RUNTIME_RULES[record].ep_dispatchers:
         why = (f"the {v.dispatcher} MoE dispatcher the plan was priced with (it moves tokens with "
                f"{', '.join(RUNTIME_RULES[record].ep_dispatchers)})")
+    if not why and v.moe_folding and v.ep > 1 and v.tp > 1 and folding_refusal(record, True):
+        why = "MoE parallel folding (expert tensor parallelism 1 under tp > 1)"
     if not why and v.ep_overlap and ep_overlap_refusal(record, True):
         why = "expert all-to-alls overlapped with computation (--ep-overlap)"
     if not why and v.ep_overlap and (problems := ep_overlap_problems(s, v.model)):

@@ -175,6 +175,8 @@ def _parallel(v: PlanView) -> list[Arg]:
         require(v.ep == 1 or v.precision in precisions, RUNTIME,
                 f"runs expert parallelism in {', '.join(precisions)} only", f"ep {v.ep} with {v.precision}")
         args += [("--expert-model-parallel-size", v.ep)]
+        if v.moe_folding and v.tp > 1:  # MoE parallel folding: the experts' own tensor parallelism
+            args += [("--expert-tensor-parallel-size", 1)]
     if v.sequence_parallel:
         args += [("--sequence-parallel", None)]
     args += _split(v)

@@ -34,6 +34,7 @@ from planner.cost.pipeline import in_flight
 from planner.cost.step import (
     base_mode,
     dp_grad_bytes,
+    expert_fold,
     layer_kind_index,
     optimizer_s,
     p2p_s,
@@ -151,13 +152,15 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
                 zero_sets[zkey] = tuple(z for z in (rules.zero_with_pp if pp > 1 else rules.zero)
                                         if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
             zeros = zero_sets[zkey]
-            for ep in space.ep_options(model, dp, cp, fixed.get("ep"), rules, setup.precision,
+            etp = setup.expert_tp(tp, model)
+            for ep in space.ep_options(model, dp * cp * (tp // etp), fixed.get("ep"), rules, setup.precision,
                                       setup.ep_overlap):
                 placed = set()
                 for o, order in enumerate(orders):
-                    if not rules.order_runs(order, cp, pp, ep) or not has_expert_layout(order, tp, cp, dp, pp, ep):
+                    if (not rules.order_runs(order, cp, pp, ep, tp // etp)
+                            or not has_expert_layout(order, tp, cp, dp, pp, ep, etp)):
                         continue
-                    spans = group_spans(order, tp, cp, dp, pp, ep, g)
+                    spans = group_spans(order, tp, cp, dp, pp, ep, g, etp)
                     duplicate = spans in placed  # another rank order that places every group alike
                     placed.add(spans)
                     placements.append(_Placement(count, tp, cp, pp, dp, ep, o, sp, _mask(zeros, ZEROS), len(zeros),
@@ -173,8 +176,9 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
     memories, memory_id = _keys(*(rows[k] for k in ("tp", "cp", "ep", "mb", "sp", "mode")))
     link = (model, cluster, setups[0], rows["tp"], rows["cp"], rows["mb"], 1)
     p2p = np.where(rows["pp"] > 1, np.where(rows["inter"], p2p_s(*link, True), p2p_s(*link, False)), 0.0)
-    groups, group_id = _keys(rows["dp"], rows["cp"], rows["ep"])
-    shards, eshards = np.array([state_shards(*k) for k in groups], dtype=np.int64).reshape(-1, 2)[group_id].T
+    groups, group_id = _keys(rows["dp"], rows["cp"], rows["ep"], rows["tp"])
+    shards, eshards = np.array([state_shards(dp, cp, ep, expert_fold(model, setups[0], tp)) for dp, cp, ep, tp in groups],
+                               dtype=np.int64).reshape(-1, 2)[group_id].T
     columns = {"context": context_id, "shards": shards, "eshards": eshards, "p2p": p2p,
                "full": rows["mode"] == modes.index("full") if "full" in modes else np.zeros(len(p2p), dtype=bool),
                "memory": memory_id, **rows}

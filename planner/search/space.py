@@ -94,14 +94,15 @@ def degree_tuples(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixe
                 yield tp, cp, pp, dp
 
 
-def ep_options(model: ModelSpec, dp: int, cp: int, fixed: int | None, rules: RuntimeRules,
+def ep_options(model: ModelSpec, pool: int, fixed: int | None, rules: RuntimeRules,
                precision: str = "bf16", ep_overlap: bool = False) -> list[int]:
-    """Expert-parallel degrees: divisors of experts and dp*cp; more than 1 under ep_overlap
+    """Expert-parallel degrees: divisors of experts and of the `pool` of ranks ep is carved from
+    (dp*cp, or tp*dp*cp with folded experts); more than 1 under ep_overlap
     (runtimes.ep_overlap_problems)."""
     if model.moe is None or not rules.expert_parallel or precision not in rules.ep_precisions:
         degrees = [1]
     else:
-        degrees = divisors(math.gcd(model.moe.experts, dp * cp))
+        degrees = divisors(math.gcd(model.moe.experts, pool))
     return allowed([e for e in degrees if not ep_overlap or ep_overlap_runs_ep(e)], fixed)
 
 

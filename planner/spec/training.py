@@ -30,14 +30,16 @@ class MoeOptions:
 
     dispatcher: str = ""
     ep_overlap: bool = False
+    folding: bool = False
 
     def setup_fields(self) -> dict:
-        return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap}
+        return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": self.folding}
 
     @classmethod
     def recorded(cls, training: dict) -> "MoeOptions":
         """The options a plan's inputs.training records (absent: the defaults)."""
-        return cls(dispatcher=training.get("moe_dispatcher", ""), ep_overlap=training.get("ep_overlap", False))
+        return cls(dispatcher=training.get("moe_dispatcher", ""), ep_overlap=training.get("ep_overlap", False),
+                   folding=training.get("moe_folding", False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,10 @@ class TrainingSetup:
     ep_overlap: bool = False
     """overlap the expert all-to-alls of one micro-batch with another's computation
     (runtimes.RuntimeRules.ep_overlap; its rules: runtimes.ep_overlap_problems)"""
+    moe_folding: bool = False
+    """MoE parallel folding: expert layers without tensor parallelism (Megatron-Core's
+    --expert-tensor-parallel-size 1), the expert-parallel group carved from tp x cp x dp rather
+    than cp x dp (placement.folded_layout; runtimes.RuntimeRules.moe_folding)"""
 
     def __post_init__(self) -> None:
         for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
@@ -70,18 +76,20 @@ class TrainingSetup:
         h = self.memory_headroom
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
-        from planner.runtimes import (RUNTIME_RULES, dispatcher_refusal, ep_overlap_refusal, precision_refusal,
-                                      record_name)
+        from planner.runtimes import (RUNTIME_RULES, dispatcher_refusal, ep_overlap_refusal, folding_refusal,
+                                      precision_refusal, record_name)
         object.__setattr__(self, "runtime", record_name(self.runtime))
         if self.runtime not in RUNTIME_RULES:
             raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
         if self.moe_dispatcher not in ("", *MOE_DISPATCHERS):
             raise SpecError(f"moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
-        if not isinstance(self.ep_overlap, bool):
-            raise SpecError(f"ep-overlap must be true or false, got {self.ep_overlap!r}")
+        for name in ("ep_overlap", "moe_folding"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"{name.replace('_', '-')} must be true or false, got {getattr(self, name)!r}")
         refused = (precision_refusal(self.runtime, self.precision)
                    or dispatcher_refusal(self.runtime, self.moe_dispatcher)
-                   or ep_overlap_refusal(self.runtime, self.ep_overlap))
+                   or ep_overlap_refusal(self.runtime, self.ep_overlap)
+                   or folding_refusal(self.runtime, self.moe_folding))
         if refused:
             raise SpecError(refused)
 
@@ -95,9 +103,15 @@ class TrainingSetup:
         out = asdict(self)
         if not self.moe_dispatcher:
             del out["moe_dispatcher"]  # the runtime's own: plans made before the knob read alike
-        if not self.ep_overlap:
-            del out["ep_overlap"]
+        for name in ("ep_overlap", "moe_folding"):
+            if not out[name]:
+                del out[name]  # plans made before the knob read alike
         return out
+
+    def expert_tp(self, tp: int, model) -> int:
+        """The experts' tensor parallelism under dense tensor parallelism tp: 1 when folded (a
+        model without experts has none to fold)."""
+        return 1 if self.moe_folding and getattr(model, "moe", None) is not None else tp
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,15 +157,20 @@ def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
                  for name in ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch") if getattr(s, name) < 1]
     if below_one:  # the rules below divide by these
         return problems + below_one
-    if (s.dp * s.cp) % s.ep:
-        problems.append(f"ep ({s.ep}) must divide dp*cp ({s.dp * s.cp})")
-    elif s.ep > 1:
+    etp = setup.expert_tp(s.tp, model)
+    pool, named = (s.dp * s.cp, "dp*cp") if etp == s.tp else (s.tp * s.dp * s.cp // etp, "tp*dp*cp (folded experts)")
+    if pool % s.ep:
+        problems.append(f"ep ({s.ep}) must divide {named} ({pool})")
+    elif s.ep > 1 or etp < s.tp and model.moe is not None:
         from planner.placement import has_expert_layout
         try:
-            laid_out = has_expert_layout(s.order, s.tp, s.cp, s.dp, s.pp, s.ep)
+            laid_out = has_expert_layout(s.order, s.tp, s.cp, s.dp, s.pp, s.ep, etp)
         except SpecError:
             laid_out = True  # an order that is no order: placement says so where it reads it
-        if not laid_out:
+        if not laid_out and etp < s.tp:
+            problems.append(f"ep ({s.ep}) of folded experts cannot be laid out under order {s.order}: with pp > 1 "
+                            f"before dp it needs ep = tp*cp ({s.tp * s.cp}), as Megatron-Core's expert ranks")
+        elif not laid_out:
             problems.append(f"ep ({s.ep}) cannot be carved from cp ({s.cp}) x dp ({s.dp}) under order {s.order}: ep "
                             "must divide the inner one's degree or be a multiple of it")
     if setup.global_batch % (s.dp * s.micro_batch):
