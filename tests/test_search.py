@@ -596,6 +596,23 @@ def test_context_registry_columns_follow_its_growth():
     assert len(reg.contexts) == len(keys)
 
 
+@pytest.mark.parametrize("layers, pp, runs", [(61, 32, False), (61, 16, True), (13, 8, True), (91, 32, False)])
+def test_megatron_plans_only_splits_it_runs(layers, pp, runs):
+    """Where no first/last-stage layout exists within the space's stage width (61 layers over 32
+    stages: the middle 30 would need 1 layer and the ends 31 between them), Megatron has no
+    uninterleaved plan there: the even split it cannot run is not offered instead; where one
+    exists, every plan's stages differ only at the ends."""
+    model = ModelSpec(name="m", layers=layers, hidden=256, heads=4, ffn_hidden=1024, vocab=1000, seq_len=1024)
+    setup = TrainingSetup(gpus=pp, global_batch=4 * pp, seq_len=1024, runtime="megatron")
+    fixed = {"pp": pp, "vpp": 1, "tp": 1, "cp": 1}
+    assert space.ends_layout_exists(layers, pp) == runs
+    result = search(model, CLUSTER, setup, fixed, top=3)
+    assert (result.best is not None) == runs
+    for cand in (result.best, *result.alternatives) if runs else ():
+        middle = {b - a for a, b in cand.bounds[1:-1]}
+        assert len(middle) == 1, cand.bounds
+
+
 def test_megatron_two_stage_split_is_free():
     """Megatron lets only the first and last stage differ; with two stages both are ends, so
     every split is allowed and the search must find the best of them (a large vocabulary makes

@@ -114,13 +114,24 @@ def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None,
         if ep_overlap and not ep_overlap_runs_stages(pp, v):
             return False
         if v == 1:
-            return True
+            # a runtime that splits unevenly only on the ends runs no other split
+            return rules.uneven_split != "ends" or pp <= 2 or ends_layout_exists(model.layers, pp)
         return (pp > 1 and rules.interleaving and microbatches % pp == 0 and pp * v <= model.layers
                 and (not rules.even_chunks or model.layers % (pp * v) == 0))
 
     if fixed is not None:  # a constraint may go beyond MAX_VPP
         return [fixed] if legal(fixed) else []
     return [v for v in range(1, MAX_VPP + 1) if legal(v)]
+
+
+def ends_layout_exists(layers: int, pp: int) -> bool:
+    """Whether `layers` split over pp > 2 stages with only the first and last stage free (the
+    middle ones equal), every stage within stage_width: the splits search/driver._ends_layouts
+    prices. Where none exists, neither does a split Megatron runs in the space."""
+    width = stage_width(layers, pp)
+    return any(0 < layers - f - last and (layers - f - last) % (pp - 2) == 0
+               and (layers - f - last) // (pp - 2) <= width
+               for f in range(1, min(layers, width + 1)) for last in range(1, min(layers, width + 1)))
 
 
 def explain_empty(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict) -> str:
