@@ -71,11 +71,18 @@ def prediction_block(est: StepEstimate, band) -> dict:
 
 
 def alternative_entry(s: Strategy, setup: TrainingSetup, step_time_s: float, peak_memory_bytes: float, fits: bool,
-                      best_step_s: float, capacity_bytes: float, runtime: str | None = None) -> dict:
+                      best_step_s: float, capacity_bytes: float, runtime: str | None = None,
+                      conventions: str = "the same conventions") -> dict:
     """A runner-up with a one-line reason it lost (`runtime`: the one it was found for, where the
-    search covered several)."""
+    search covered several; `conventions`: what makes the plan the more conventional,
+    space.conventional_reason, for one at least as fast that lost on the tie rule)."""
+    from planner.search.space import TIE_TOLERANCE
     if not fits:
         why = f"does not fit by {bytes_to_gib(peak_memory_bytes - capacity_bytes):.1f} GiB"
+    elif step_time_s <= best_step_s and conventions != "the same conventions":
+        gap = (1 - step_time_s / best_step_s) * 100
+        faster = "as fast" if step_time_s == best_step_s else f"faster by {gap:.2g}%"
+        why = f"{faster}, within the {TIE_TOLERANCE:.0%} tie tolerance: the plan has {conventions}"
     elif step_time_s <= best_step_s:
         why = "as fast: an equal alternative"
     else:

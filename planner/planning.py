@@ -11,7 +11,9 @@ from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan, strategy_block
 from planner.runtimes import RUNTIME_RULES, TARGETS, builds, ep_overlap_runs_mtp, model_refusal, record_name
 from planner.search import space
-from planner.search.driver import infeasible_message, search, strategy_key
+from planner.search.driver import infeasible_message, most_conventional, search, strategy_key
+from planner.search.floors import TIE
+from planner.search.space import TIE_TOLERANCE, conventional_reason, strategy_conventions
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
@@ -137,31 +139,40 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
             continue
         shared = not per_runtime and top == 0
         reached = min((r.best.step_time_s for _, r in searched.values() if r.best), default=float("inf"))
+        # what another runtime reached prunes this one's search only past the tie tolerance, where
+        # nothing can become the plan (most_conventional)
         searched[name] = (setup, search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s,
                                         top=top, progress=progress, found=(found or {}).get(name),
-                                        outside_s=reached if shared else float("inf")))
-    found_best = [(r.best.step_time_s, i, name) for i, (name, (_, r)) in enumerate(searched.items()) if r.best]
-    if not found_best:
+                                        outside_s=reached * (1 + TIE_TOLERANCE) * (1 + TIE) if shared
+                                        else float("inf")))
+    chosen = most_conventional(model, cluster, list(searched.values()), constraints, solver, time_limit_s)
+    if chosen is None:
         raise _nothing(model, cluster, constraints, searched, refused)
-    name = min(found_best)[2]
+    index, best, rule_proven = chosen
+    name = list(searched)[index]
     setup, result = searched[name]
-    best = result.best
     est = best.estimate(model, cluster, setup)
     cap = capacity_bytes(cluster, setup)
-    runners = _runners_up(searched, name, top)
+    g = min(cluster.gpus_per_node, gpus)
+    code = strategy_conventions(best.strategy, g)
+    runners = _runners_up(searched, best, top)
     alternatives = [alternative_entry(c.strategy, s_up, c.step_time_s, c.peak_memory_bytes, c.fits, best.step_time_s,
-                                      cap, r if union and built else None) for r, s_up, c in runners]
+                                      cap, r if union and built else None,
+                                      conventional_reason(code, strategy_conventions(c.strategy, g)))
+                    for r, s_up, c in runners]
     if result.closest is not None and result.closest.step_time_s < best.step_time_s and top:
         c = result.closest
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
                                               best.step_time_s, cap, name if union and built else None))
-    notes = _notes(cluster, setup, proven_optimal=all(r.proven_optimal for _, r in searched.values()), mfu=est.mfu)
+    notes = _notes(cluster, setup, proven_optimal=rule_proven and all(r.proven_optimal for _, r in searched.values()),
+                   mfu=est.mfu)
     if union and not built:
         notes.append(_unbuilt_note(model))
     elif name == "ideal":
         notes.append("planned in the ideal space (--runtime ideal): no runtime's limits shape it, so no runtime may "
                      "run it as planned")
-    bests = _per_runtime(searched, refused, cluster) if union and built and per_runtime else None
+    bests = (_per_runtime(model, cluster, searched, refused, constraints, solver, time_limit_s)
+             if union and built and per_runtime else None)
     return _with_runtimes(build_plan(model, cluster, setup, best.strategy, est, constraints,
                                      {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives,
                                      notes=notes, search=_search_summary(searched),
@@ -181,15 +192,16 @@ def _space_names(model: ModelSpec, runtime: str) -> tuple[str, ...]:
     return TARGETS if builds(model) else ("ideal",)
 
 
-def _runners_up(searched: dict, winner: str, top: int) -> list:
-    """(runtime, setup, candidate) of the `top` fastest plans after the best over every runtime
-    searched: one per strategy (its fastest runtime's), ties to the earlier runtime."""
+def _runners_up(searched: dict, chosen, top: int) -> list:
+    """(runtime, setup, candidate) of the `top` fastest plans other than the `chosen` one over
+    every runtime searched (faster ones that lost on the tie rule included): one per strategy
+    (its fastest runtime's), ties to the earlier runtime."""
     pool = []
     for i, (name, (setup, r)) in enumerate(searched.items()):
-        for cand in ((r.best,) if name != winner and r.best else ()) + r.alternatives:
+        for cand in ((r.best,) if r.best else ()) + r.alternatives:
             pool.append((cand.step_time_s, i, name, setup, cand))
     pool.sort(key=lambda x: (x[0], x[1]))
-    best_key = strategy_key(searched[winner][1].best.strategy)
+    best_key = strategy_key(chosen.strategy)
     seen, out = {best_key}, []
     for _, _, name, setup, cand in pool:
         key = strategy_key(cand.strategy)
@@ -199,8 +211,10 @@ def _runners_up(searched: dict, winner: str, top: int) -> list:
     return out
 
 
-def _per_runtime(searched: dict, refused: dict, cluster: Cluster) -> list[dict]:
-    """Each runtime's best plan (a one-line strategy and its step time), or why it has none."""
+def _per_runtime(model: ModelSpec, cluster: Cluster, searched: dict, refused: dict, constraints: dict, solver: str,
+                 time_limit_s: float) -> list[dict]:
+    """Each runtime's best plan (a one-line strategy and its step time: what `plan --runtime` gives,
+    the tie rule applied within its own space), or why it has none."""
     out = []
     for name in TARGETS:
         if name in refused:
@@ -210,9 +224,9 @@ def _per_runtime(searched: dict, refused: dict, cluster: Cluster) -> list[dict]:
         if r.best is None:
             out.append({"runtime": name, "why_not": infeasible_message(r, cluster, setup) if r.closest or r.pruned_memory
                         else "no legal strategy satisfies the request under this runtime"})
-        else:
-            out.append({"runtime": name, "step_time_s": r.best.step_time_s,
-                        "strategy": strategy_block(r.best.strategy, setup)})
+            continue
+        own = most_conventional(model, cluster, [(setup, r)], constraints, solver, time_limit_s)[1]
+        out.append({"runtime": name, "step_time_s": own.step_time_s, "strategy": strategy_block(own.strategy, setup)})
     return out
 
 

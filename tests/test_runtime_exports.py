@@ -13,6 +13,7 @@ from planner.errors import PlannerError
 from planner.export import export
 from planner.planning import SUPPORTED, estimate_plan, make_plan
 from planner.runtimes import RUNTIME_RULES, TARGETS
+from planner.search import space
 from planner.spec.training import STRATEGY_KNOBS, MoeOptions, TrainingSetup, resolve_strategy
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
@@ -199,9 +200,10 @@ def test_no_default_plan_predicts_more_than_three_points_above_the_best_publishe
 
 @pytest.mark.parametrize("setup", SETUPS, ids=lambda s: f"{s[0]}-{s[2]}gpu-{s[4]}")
 def test_the_default_plan_is_the_fastest_of_the_runtimes_plans(setup):
-    """The union's search is exact: its plan is the fastest of the plans each supported runtime's
-    own search finds (ties to the earlier runtime), each runtime's best is listed beside it, and
-    the runners-up are the next fastest of all, each strategy once."""
+    """The union's search is exact for the tie rule: its plan lies within space.TIE_TOLERANCE of
+    the fastest of the plans each supported runtime's own search finds, and is at least as
+    conventional as every one of them within it (ties to the faster); each runtime's own plan is
+    listed beside it, and the runners-up are the next fastest of all, each strategy once."""
     model_name, cluster_name, gpus, batch, seq, constraints = setup
     model, cluster = load_model(model_name), load_cluster(cluster_name)
 
@@ -216,9 +218,17 @@ def test_the_default_plan_is_the_fastest_of_the_runtimes_plans(setup):
     union = plan(SUPPORTED)
     steps = [(p["prediction"]["step_time_s"], i, r) for i, (r, p) in enumerate(each.items()) if p]
     fastest = min(steps)
-    assert union["prediction"]["step_time_s"] == fastest[0]
-    assert union["inputs"]["training"]["runtime"] == fastest[2]
-    assert union["strategy"] == each[fastest[2]]["strategy"]
+    limit = fastest[0] * (1 + space.TIE_TOLERANCE)
+    g = min(cluster.gpus_per_node, gpus)
+
+    def conventions(p):
+        st = p["strategy"]
+        return space.conventional(st["tp"], st["cp"], st["dp"], st["pp"], st["ep"], st["zero"], g)
+    step = union["prediction"]["step_time_s"]
+    assert step <= limit
+    for p in each.values():
+        if p and p["prediction"]["step_time_s"] <= limit:
+            assert (conventions(union), step) <= (conventions(p), p["prediction"]["step_time_s"])
     listed = {e["runtime"]: e for e in union["best_per_runtime"]}
     assert list(listed) == list(TARGETS)
     for r, p in each.items():

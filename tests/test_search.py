@@ -256,6 +256,11 @@ def brute_force(model, setup, fixed):
 
 def brute_force_ranked(model, setup, fixed):
     """Every strategy's best step time over its splits (those that fit), least first."""
+    return sorted(brute_force_steps(model, setup, fixed).values())
+
+
+def brute_force_steps(model, setup, fixed):
+    """Every strategy of the stated space that fits, with its best step time over its splits."""
     best = {}
     for tp in (1, 2, 4, 8):
         for cp in (1, 2, 4):
@@ -281,7 +286,7 @@ def brute_force_ranked(model, setup, fixed):
                                 est = estimate(model, CLUSTER, setup, s, bounds=bounds)
                                 if est.fits and est.step_time_s < best.get(s, float("inf")):
                                     best[s] = est.step_time_s
-    return sorted(best.values())
+    return best
 
 
 def _micro_batches_and_vpps(model, setup, dp, pp):
@@ -330,6 +335,45 @@ def _assert_best_four_are_brute_forces(model, setup, fixed):
     for knob, value in fixed.items():
         assert getattr(result.best.strategy, knob) == value
     return result.best
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_the_plan_is_the_most_conventional_within_the_tie_tolerance(instance):
+    """Issue 11's tie rule against brute force: of the strategies within space.TIE_TOLERANCE of
+    the fastest, the plan is the most conventional (fewer parallel dimensions, cp 1, degrees that
+    divide the node, lower ZeRO), then the fastest of those."""
+    from planner.search.driver import most_conventional
+    model, setup, fixed = instance
+    fixed = {k: v for k, v in fixed.items() if k != "zero"}  # the ZeRO stage is part of the rule
+    steps = brute_force_steps(model, setup, fixed)
+    chosen = most_conventional(model, CLUSTER, [(setup, search(model, CLUSTER, setup, fixed, top=3))], fixed)
+    if not steps:
+        assert chosen is None
+        return
+    g = min(CLUSTER.gpus_per_node, setup.gpus)
+    limit = min(steps.values()) * (1 + space.TIE_TOLERANCE)
+    code, step = min((space.strategy_conventions(s, g), t) for s, t in steps.items() if t <= limit * (1 + TIE))
+    _, cand, proven = chosen
+    assert proven
+    assert space.strategy_conventions(cand.strategy, g) == code
+    assert cand.step_time_s == pytest.approx(step, rel=TIE)
+
+
+def test_conventions_order_dimensions_then_cp_then_the_node_then_zero():
+    """space.conventional orders by the issue's keys, in its order, and names the first that differs."""
+    c = space.conventional
+    dp8, tp2, cp2, tp3, zero0 = c(1, 1, 8, 1, 1, 1, 8), c(2, 1, 4, 1, 1, 1, 8), c(1, 2, 4, 1, 1, 1, 8), \
+        c(3, 1, 1, 1, 1, 1, 3 * 8), c(1, 1, 8, 1, 1, 0, 8)
+    assert zero0 < dp8 < tp2 < cp2
+    assert c(2, 1, 4, 1, 1, 3, 8) < c(2, 2, 2, 1, 1, 0, 8)  # fewer dimensions before any ZeRO stage
+    assert c(1, 2, 4, 1, 1, 3, 8) < c(2, 1, 2, 2, 1, 0, 8)  # cp 2 over 3 dimensions still has fewer
+    assert c(3, 1, 2, 1, 1, 0, 8) > c(2, 1, 2, 1, 1, 3, 8)  # tp 3 straddles 8-GPU nodes
+    assert space.conventional_reason(dp8, tp2) == "fewer parallel dimensions"
+    assert space.conventional_reason(zero0, dp8) == "a lower ZeRO stage"
+    assert space.conventional_reason(c(2, 1, 2, 1, 1, 3, 8), c(3, 1, 2, 1, 1, 0, 8)) == "degrees that divide the node"
+    assert space.conventional_reason(c(4, 1, 1, 2, 1, 1, 8), c(1, 2, 4, 1, 1, 1, 8)) == "cp 1"
+    assert tp3 > 0
 
 
 @st.composite

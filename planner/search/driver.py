@@ -79,6 +79,8 @@ class SearchResult:
     elapsed_s: float
     memory_floor_bytes: float = 0.0
     """least memory floor of the candidates pruned for memory (what nothing could go below)"""
+    found: bounds.Bounds | None = None
+    """the bounds searched (what most_conventional searches again, class by class)"""
 
     def summary(self) -> dict:
         """Deterministic counts for the plan file (no timings: plans are byte-stable)."""
@@ -138,6 +140,82 @@ def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict
 def _constraints(fixed: dict | None) -> dict:
     """The knobs a request fixes (a None value leaves the knob free)."""
     return {k: v for k, v in (fixed or {}).items() if v is not None}
+
+
+def most_conventional(model: ModelSpec, cluster: Cluster, searched: list[tuple[TrainingSetup, SearchResult]],
+                      fixed: dict | None = None, solver: str = "highs",
+                      time_limit_s: float = 10.0) -> tuple[int, Candidate, bool] | None:
+    """The plan over several searches' spaces (one per setup, in order; the searches' own
+    results): the most conventional strategy (space.conventional) within space.TIE_TOLERANCE of
+    the fastest of all, ties to the faster, then to the earlier search; as (which search, the
+    candidate, whether every search it took was proven optimal), None when nothing fits.
+
+    Exact for the rule: a search's candidates of each class more conventional than its fastest
+    plan's (and than the choice so far) whose refined bounds reach the tolerance are priced, one
+    class at a time from the most conventional, in bound order (_fastest_within), until one
+    lands within it; the first class that does holds that space's most conventional plan within
+    the tolerance."""
+    fastest = min((r.best.step_time_s for _, r in searched if r.best is not None), default=None)
+    if fastest is None:
+        return None
+    limit = fastest * (1 + space.TIE_TOLERANCE)
+    choice, proven = None, True  # choice: (conventions, step, search index, candidate)
+    for i, (setup, r) in enumerate(searched):
+        if r.best is None:
+            continue
+        g = min(cluster.gpus_per_node, setup.gpus)
+        own = space.strategy_conventions(r.best.strategy, g)
+        here = (own, r.best.step_time_s, i, r.best) if r.best.step_time_s <= limit else None
+        if r.found is not None and len(r.found.bound_s):
+            codes = r.found.conventions(g)
+            ceiling = min(own if here else np.inf, choice[0] if choice else np.inf)
+            near = np.nonzero((r.found.bound_s < limit * (1 + TIE)) & (codes <= ceiling) & (codes != own))[0]
+            refined = np.zeros(0)
+            if len(near):  # the refined bounds (one vectorised pass) rule out most classes at once
+                refined = r.found.refined_s(near, limit * (1 + TIE))[0]
+                near, refined = near[refined < limit * (1 + TIE)], refined[refined < limit * (1 + TIE)]
+            for code in np.unique(codes[near]).tolist():
+                if choice is not None and code > choice[0]:
+                    break
+                mine = codes[near] == code
+                found, exact = _fastest_within(model, cluster, setup, _constraints(fixed), r.found, near[mine],
+                                               refined[mine], solver, time_limit_s, limit)
+                proven &= exact
+                if found is not None:
+                    if here is None or (code, found.step_time_s) < here[:2]:
+                        here = (code, found.step_time_s, i, found)
+                    break
+        if here is not None and (choice is None or here[:3] < choice[:3]):
+            choice = here
+    return choice[2], choice[3], proven
+
+
+def _fastest_within(model, cluster, setup, fixed, found, idx, bound, solver, time_limit_s,
+                    limit: float) -> tuple[Candidate | None, bool]:
+    """The fastest candidate of `idx` (their refined bounds `bound`) that fits and prices at most
+    `limit`, or None; and whether that is proven: _search's branch and bound over a handful of
+    candidates, without its batches (they were refined together)."""
+    rules = space.RUNTIME_RULES[setup.runtime]
+    best, proven, gaps = None, True, []
+    fits = found.fits(idx) if len(idx) else np.zeros(0, dtype=bool)
+    for k in np.argsort(bound, kind="stable").tolist():
+        cutoff = limit * (1 + TIE) if best is None else best.step_time_s
+        if bound[k] >= cutoff * (1 - TIE):
+            break
+        if not fits[k]:
+            continue
+        s = _strategy(found, int(idx[k]), fixed)
+        if strategy_problems(s, model, setup):
+            continue
+        cand, stats = _price(profile(model, cluster, setup, s), rules, solver, time_limit_s, cutoff)
+        proven &= stats["optimal"]
+        if stats["relaxed_s"] is not None and cand.step_time_s > stats["relaxed_s"] * (1 + SAFETY):
+            gaps.append(stats["relaxed_s"])
+        if cand.fits and cand.step_time_s <= limit and (best is None or cand.step_time_s < best.step_time_s):
+            best = _as_priced(cand, fixed)
+    if any(g < (best.step_time_s if best else limit) * (1 - SAFETY) for g in gaps):
+        proven = False  # a 'full' candidate's other splits were not all priced and might land within
+    return best, proven
 
 
 def bound_sweep(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup],
@@ -220,7 +298,8 @@ def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, f
                         programmes=programmes, ilp_solves=ilp_solves, proven_optimal=optimal,
                         elapsed_s=time.perf_counter() - start,
                         memory_floor_bytes=(found_bounds.least_floor_bytes
-                                            if np.isfinite(found_bounds.least_floor_bytes) else 0.0))
+                                            if np.isfinite(found_bounds.least_floor_bytes) else 0.0),
+                        found=found_bounds)
 
 
 def _as_priced(cand: Candidate, fixed: dict) -> Candidate:

@@ -14,6 +14,10 @@ What the search enumerates (and so what "best" is relative to):
   chunk, none or all); sequence parallel on whenever tp > 1 (it never costs time in the cost
   model and saves memory); rank order tp-cp-ep-dp-pp or tp-cp-ep-pp-dp.
 Runtimes restrict the space (RUNTIME_RULES); every flag the user fixed is a constraint.
+
+The best plan is the most conventional strategy (`conventional`) within TIE_TOLERANCE of the
+fastest (search/driver.most_conventional): a difference the cost model cannot resolve goes to
+the plan a team would run anyway.
 """
 
 from __future__ import annotations
@@ -30,6 +34,40 @@ from planner.runtimes import (
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import TrainingSetup
+
+TIE_TOLERANCE = 0.01
+"""strategies within 1 % of the fastest tie; the most conventional of them is the plan"""
+CONVENTIONS = ("fewer parallel dimensions", "cp 1", "degrees that divide the node", "a lower ZeRO stage")
+
+
+def conventional(tp, cp, dp, pp, ep, zero, gpus_per_node: int):
+    """How unconventional strategies are, as one integer each (least first; numpy arrays or
+    plain integers): the parallel dimensions used (dp, tp, pp, cp, ep above 1), then context
+    parallelism, then a tp*cp block that neither divides the node nor is a multiple of it,
+    then the ZeRO stage (CONVENTIONS, in that order)."""
+    import numpy as np
+    dims = sum(np.greater(d, 1).astype(int) for d in (dp, tp, pp, cp, ep))
+    inner = np.multiply(tp, cp)
+    straddles = (np.mod(gpus_per_node, inner) != 0) & (np.mod(inner, gpus_per_node) != 0)
+    code = ((dims * 2 + np.greater(cp, 1)) * 2 + straddles) * 4 + np.asarray(zero)
+    return int(code) if np.ndim(code) == 0 else code
+
+
+def strategy_conventions(s, gpus_per_node: int) -> int:
+    """`conventional` of one Strategy."""
+    return conventional(s.tp, s.cp, s.dp, s.pp, s.ep, s.zero, gpus_per_node)
+
+
+def conventional_reason(better: int, worse: int) -> str:
+    """The first of CONVENTIONS in which code `better` beats code `worse` (conventional)."""
+    for what, shift, mask in zip(CONVENTIONS, (4, 3, 2, 0), (-1, 1, 1, 3)):
+        a, b = better >> shift, worse >> shift
+        if mask >= 0:
+            a, b = a & mask, b & mask
+        if a != b:
+            return what
+    return "the same conventions"
+
 
 MIN_CP_TOKENS = 512
 MAX_VPP = 8
