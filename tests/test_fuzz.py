@@ -118,7 +118,8 @@ def command_lines(draw):
     for name in names:
         value = draw(junk if name == corrupt else {**fields, **knobs}[name])
         args += [name, value]
-    return args + ["--json"]
+    # the MoE switches (value-less): folded experts, overlapped all-to-alls
+    return args + draw(st.lists(st.sampled_from(["--moe-folding", "--ep-overlap"]), max_size=2, unique=True)) + ["--json"]
 
 
 @fuzz(150)
