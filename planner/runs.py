@@ -120,10 +120,10 @@ def _vpp_domain(run: Run, pp: int) -> list[int]:
     interleaved schedule, only vpp 1 where it states another."""
     if pp == 1:
         return [1]
-    even = RUNTIME_RULES[run.runtime].even_chunks
+    rules = RUNTIME_RULES[run.runtime]
     stated = run.strategy.get("schedule")
     return [v for v in range(1, MAX_VPP + 1) if pp * v <= run.model.layers
-            and not (even and run.model.layers % (pp * v))
+            and rules.chunks_run(run.model.layers, pp, v)
             and (stated is None or (v > 1) == (stated == "interleaved-1f1b"))]
 
 

@@ -59,7 +59,7 @@ class RuntimeRules:
     zero_with_pp: tuple[int, ...]
     interleaving: bool
     even_chunks: bool
-    """virtual chunks must hold equal layer counts"""
+    """virtual chunks must hold equal layer counts (chunks_run)"""
     uneven_split: str
     """'any' (any contiguous split), 'ends' (only the first and last stage differ), 'none' (every
     stage the same layer count: pp divides the layers)"""
@@ -114,6 +114,12 @@ class RuntimeRules:
     on an fp32 cast (torchtitan's loss uncompiled: the fp32 log-probabilities it keeps, their
     gradient and the input's gradient at once), 4 for that loss under torch.compile (it keeps
     the bf16 logits and the per-row statistics; the gradient comes back in bf16)"""
+    ends_accounted: bool = False
+    """its equal virtual chunks may count the embedding and the loss as a layer each, leaving the
+    first and the last chunk one layer short (Megatron's --account-for-embedding-in-pipeline-split
+    and --account-for-loss-in-pipeline-split: megatron-core 0.16.0 TransformerConfig.__post_init__
+    requires (layers + 1 + 1) % (pp * vpp) == 0 then); cost/pipeline.split_layers gives exactly
+    that layout where the layers fall one or two short of a multiple of the chunks"""
     moe_folding: bool = False
     """runs expert layers with their own tensor parallelism of 1 beside the dense tp (MoE parallel
     folding: megatron-core's expert_tensor_parallel_size, --expert-tensor-parallel-size 1)"""
@@ -148,7 +154,7 @@ class RuntimeRules:
             return f"expert parallelism (ep {s.ep})"
         if s.vpp > 1 and not self.interleaving:
             return f"interleaved pipeline stages (vpp {s.vpp})"
-        if s.vpp > 1 and self.even_chunks and model.layers % (s.pp * s.vpp):
+        if not self.chunks_run(model.layers, s.pp, s.vpp):
             return f"unequal virtual chunks ({model.layers} layers over {s.pp * s.vpp} chunks)"
         if self.uneven_split == "none" and model.layers % s.pp:
             return f"unequal stages ({model.layers} layers over {s.pp})"
@@ -169,6 +175,15 @@ class RuntimeRules:
         over the experts' tp, the share of tp the expert groups fold in: edp = dp*cp*fold/ep is dp
         exactly when ep = cp*fold)."""
         return not self.pp_outermost_unless_cp_is_ep or pp == 1 or order.endswith("pp") or cp * fold == ep
+
+    def chunks_run(self, layers: int, pp: int, vpp: int) -> bool:
+        """Whether the even split of `layers` into pp*vpp virtual chunks (split_layers) is one it
+        interleaves: any split without interleaving (the stage rules decide), equal chunks, or
+        where ends_accounted the first and the last one layer short."""
+        chunks = pp * vpp
+        if vpp == 1 or not self.even_chunks or layers % chunks == 0:
+            return True
+        return self.ends_accounted and chunks > 2 and layers % chunks >= chunks - 2 and layers >= chunks
 
     def fixed_split(self, pp, vpp):
         """Whether the even split is the only split: one stage, interleaving (equal virtual
@@ -192,7 +207,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                              # validate_args: "Expert parallelism is not supported with fp16 training."
                              ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True,
-                             moe_folding=True),
+                             moe_folding=True, ends_accounted=True),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, layers split evenly (pp divides them), activation checkpointing of "

@@ -289,6 +289,48 @@ def test_a_model_no_runtime_builds_is_planned_in_the_ideal_space_with_a_note():
 
 # ------------------------------------------------------------------ Megatron-Core's rank generator
 
+@pytest.mark.parametrize("pp, vpp", [(2, 2), (2, 3), (4, 2), (4, 3), (8, 2), (8, 4)])
+def test_megatron_cores_config_interleaves_the_chunks_the_record_allows(pp, vpp):
+    """Equal virtual chunks, or the first and the last one layer short with the embedding and the
+    loss counted as layers: for every layer count, the Megatron record runs the interleaving
+    exactly where megatron-core 0.16.0 builds every layer under some setting of the two flags
+    (TransformerConfig accepts it and get_num_layers_to_build over the virtual stages sums to the
+    layers), and under the flags the exporter sets each virtual stage gets the layers the plan
+    priced (cost/pipeline.split_layers, chunk v*pp + r on rank r)."""
+    import warnings
+
+    import torch
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no Transformer Engine or Apex on CPU
+        from megatron.core.transformer.transformer_block import get_num_layers_to_build
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    from planner.cost.pipeline import split_layers
+
+    def config(layers, embedding, loss):
+        return TransformerConfig(num_layers=layers, hidden_size=64, num_attention_heads=4,
+                                 pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
+                                 pipeline_dtype=torch.bfloat16, account_for_embedding_in_pipeline_split=embedding,
+                                 account_for_loss_in_pipeline_split=loss)
+    chunks = pp * vpp
+
+    def built(cfg):
+        return [get_num_layers_to_build(cfg, vp_stage=c // pp, pp_rank=c % pp) for c in range(chunks)]
+
+    def builds_all(layers, embedding, loss):
+        try:
+            return sum(built(config(layers, embedding, loss))) == layers
+        except (ValueError, AssertionError):  # the config's checks, or get_num_layers_to_build's
+            return False
+    for layers in range(chunks, 4 * chunks + 1):
+        runs = any(builds_all(layers, e, l) for e in (False, True) for l in (False, True))
+        assert RUNTIME_RULES["megatron"].chunks_run(layers, pp, vpp) == runs, layers
+        if not runs:
+            continue
+        sizes = [b - a for a, b in split_layers(layers, pp, vpp)]
+        k = max(sizes)
+        assert built(config(layers, sizes[0] == k - 1, sizes[-1] == k - 1)) == sizes, layers
+
+
 def _megatron_generators(tp, cp, dp, pp, ep, order, etp=None):
     """The dense and expert RankGenerators megatron-core 0.16.0's initialize_model_parallel builds
     (expert tensor parallel etp, tp unless given; expert data parallel = world / (etp * ep * pp);

@@ -184,13 +184,20 @@ def _parallel(v: PlanView) -> list[Arg]:
 
 
 def _split(v: PlanView) -> list[Arg]:
-    """Interleaving (equal chunks in Megatron's looped layout) or the first/last-stage split."""
+    """Interleaving (equal chunks in Megatron's looped layout, the first and the last one layer
+    short where the embedding and the loss are counted as layers) or the first/last-stage split."""
     v.virtual_stages()  # the looped layout, or PlanFormatError
     if v.vpp > 1:
-        require(len(set(v.chunk_sizes)) == 1, RUNTIME,
-                "interleaves only equal virtual chunks (no uneven split with vpp > 1)",
-                "virtual stages of " + "/".join(map(str, v.chunk_sizes)) + " layers")
-        return [("--num-layers-per-virtual-pipeline-stage", v.chunk_sizes[0])]
+        sizes = v.chunk_sizes
+        k = max(sizes)
+        embedding, loss = sizes[0] == k - 1, sizes[-1] == k - 1
+        require(set(sizes[1:-1]) <= {k} and min(sizes[0], sizes[-1]) >= k - 1, RUNTIME,
+                "interleaves only equal virtual chunks (the first and the last may be one layer short, with "
+                "--account-for-embedding/loss-in-pipeline-split)",
+                "virtual stages of " + "/".join(map(str, sizes)) + " layers")
+        return ([("--num-layers-per-virtual-pipeline-stage", k)]
+                + ([("--account-for-embedding-in-pipeline-split", None)] if embedding else [])
+                + ([("--account-for-loss-in-pipeline-split", None)] if loss else []))
     counts = [st.layers for st in v.stages]
     middle = counts[1:-1] or counts[-1:]
     require(len(set(middle)) == 1, RUNTIME, "splits unevenly only on the first and last stage",

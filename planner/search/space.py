@@ -155,7 +155,7 @@ def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None,
             # a runtime that splits unevenly only on the ends runs no other split
             return rules.uneven_split != "ends" or pp <= 2 or ends_layout_exists(model.layers, pp)
         return (pp > 1 and rules.interleaving and microbatches % pp == 0 and pp * v <= model.layers
-                and (not rules.even_chunks or model.layers % (pp * v) == 0))
+                and rules.chunks_run(model.layers, pp, v))
 
     if fixed is not None:  # a constraint may go beyond MAX_VPP
         return [fixed] if legal(fixed) else []
