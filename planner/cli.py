@@ -76,9 +76,10 @@ def _moe_options(f):
         click.option("--ep-overlap", is_flag=True, default=False,
                      help="overlap expert all-to-alls with another micro-batch's computation (Megatron's "
                           "--overlap-moe-expert-parallel-comm: ep > 1, interleaved stages, no full recompute)"),
-        click.option("--moe-folding", is_flag=True, default=False,
+        click.option("--moe-folding/--no-moe-folding", default=None,
                      help="expert layers without tensor parallelism, ep carved from tp x cp x dp (Megatron's "
-                          "MoE parallel folding, --expert-tensor-parallel-size 1)"),
+                          "MoE parallel folding, --expert-tensor-parallel-size 1), or with the dense tp  "
+                          "[default: both, where the runtime folds]"),
     ]
     for opt in reversed(opts):
         command = opt(command)

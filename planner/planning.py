@@ -73,35 +73,62 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
                          **moe.setup_fields())
 
 
+def moe_variants(model: ModelSpec, runtime: str, moe: MoeOptions) -> list[MoeOptions]:
+    """The expert layouts a request searches under `runtime`: the one it names, else unfolded
+    and, where the runtime folds experts (RuntimeRules.moe_folding) and the model has them,
+    folded too (ties go to the first)."""
+    from dataclasses import replace
+    if moe.folding is not None:
+        return [moe]
+    unfolded = replace(moe, folding=False)
+    if model.moe is None or runtime not in RUNTIME_RULES or not RUNTIME_RULES[runtime].moe_folding:
+        return [unfolded]
+    return [unfolded, replace(moe, folding=True)]
+
+
 def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None,
                   precision: str, attention: str, runtime: str, constraints: dict, memory_headroom: float = 0.0,
                   moe: MoeOptions = MoeOptions()) -> dict:
     """The plan document of exactly the strategy given (unset knobs take their defaults; no
     headroom unless asked: a configuration that ran, fits), priced as `runtime` runs it (a
     strategy its record refuses: SpecError), or with SUPPORTED as the fastest of the TARGETS that
-    run it (none does: priced in the ideal space, with a note saying why)."""
+    run it (none does: priced in the ideal space, with a note saying why). Experts keep the dense
+    tp (Megatron's default) unless asked to fold, or unless only folded experts run the strategy."""
     union = runtime == SUPPORTED
     priced, refused = [], []
     for name in _space_names(model, runtime):
-        try:
-            setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name, memory_headroom,
-                           moe)
-            strategy = resolve_strategy(constraints, setup)
-            why = RUNTIME_RULES[name].refusal(strategy, model, expert_fold(model, setup, strategy.tp))
-            if why:
-                raise SpecError(f"runtime {name} cannot run {why}")
-        except SpecError as e:
+        errors = []
+        for variant in moe_variants(model, name, moe):
+            try:
+                setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name,
+                               memory_headroom, variant)
+                strategy = resolve_strategy(constraints, setup)
+                why = RUNTIME_RULES[name].refusal(strategy, model, expert_fold(model, setup, strategy.tp))
+                if why:
+                    raise SpecError(f"runtime {name} cannot run {why}")
+            except SpecError as e:
+                errors.append(e)
+                continue
+            est = estimate(model, cluster, setup, strategy)
+            priced.append((est.step_time_s, len(priced), setup, strategy, est))
+            break  # the first layout that runs it: the default one where it does
+        if len(errors) == len(moe_variants(model, name, moe)):  # no layout of this runtime runs it
             if not union:
-                raise
-            refused.append(str(e))
-            continue
-        est = estimate(model, cluster, setup, strategy)
-        priced.append((est.step_time_s, len(priced), setup, strategy, est))
+                raise errors[0]
+            refused.append(str(errors[0]))
     notes = []
     if not priced:
-        setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, "ideal", memory_headroom,
-                       moe)
-        strategy = resolve_strategy(constraints, setup)
+        error = None
+        for variant in moe_variants(model, "ideal", moe):
+            try:
+                setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, "ideal",
+                               memory_headroom, variant)
+                strategy = resolve_strategy(constraints, setup)
+                break
+            except SpecError as e:
+                error = error or e
+        else:
+            raise error
         est = estimate(model, cluster, setup, strategy)
         notes.append("no supported runtime runs this strategy (" + "; ".join(refused) + "): priced in the ideal space")
     else:
@@ -109,9 +136,9 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     notes = _notes(cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu) + notes
     if union and not builds(model):
         notes.append(_unbuilt_note(model))
-    return _with_runtimes(build_plan(model, cluster, setup, strategy, est, constraints,
+    return _with_runtimes(_requested(moe, build_plan(model, cluster, setup, strategy, est, constraints,
                                      {"name": "none", "time_limit_s": 0}, notes=notes,
-                                     runtimes=(list(TARGETS) if builds(model) else []) if union else None))
+                                     runtimes=(list(TARGETS) if builds(model) else []) if union else None)))
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
@@ -129,28 +156,34 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
     names = _space_names(model, runtime)
     searched, refused = {}, {}
     for name in names:
-        try:
-            setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name, memory_headroom,
-                           moe)
-        except SpecError as e:
-            if not union:
-                raise
-            refused[name] = str(e)
-            continue
-        shared = not per_runtime and top == 0
-        reached = min((r.best.step_time_s for _, r in searched.values() if r.best), default=float("inf"))
-        # what another runtime reached prunes this one's search only past the tie tolerance, where
-        # nothing can become the plan (most_conventional)
-        searched[name] = (setup, search(model, cluster, setup, constraints, solver=solver, time_limit_s=time_limit_s,
-                                        top=top, progress=progress, found=(found or {}).get(name),
-                                        outside_s=reached * (1 + TIE_TOLERANCE) * (1 + TIE) if shared
-                                        else float("inf")))
+        # one search per expert layout the request leaves open (moe_variants), keyed apart
+        for k, variant in enumerate(moe_variants(model, name, moe)):
+            label = name if k == 0 else f"{name} folded"
+            try:
+                setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name,
+                               memory_headroom, variant)
+            except SpecError as e:
+                if k:
+                    continue
+                if not union:
+                    raise
+                refused[name] = str(e)
+                break
+            shared = not per_runtime and top == 0
+            reached = min((r.best.step_time_s for _, r in searched.values() if r.best), default=float("inf"))
+            # what another search reached prunes this one only past the tie tolerance, where
+            # nothing can become the plan (most_conventional)
+            searched[label] = (setup, search(model, cluster, setup, constraints, solver=solver,
+                                             time_limit_s=time_limit_s, top=top, progress=progress,
+                                             found=(found or {}).get(name) if k == 0 else None,
+                                             outside_s=reached * (1 + TIE_TOLERANCE) * (1 + TIE) if shared
+                                             else float("inf")))
     chosen = most_conventional(model, cluster, list(searched.values()), constraints, solver, time_limit_s)
     if chosen is None:
         raise _nothing(model, cluster, constraints, searched, refused)
     index, best, rule_proven = chosen
-    name = list(searched)[index]
-    setup, result = searched[name]
+    setup, result = list(searched.values())[index]
+    name = setup.runtime
     est = best.estimate(model, cluster, setup)
     cap = capacity_bytes(cluster, setup)
     g = min(cluster.gpus_per_node, gpus)
@@ -173,11 +206,19 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
                      "run it as planned")
     bests = (_per_runtime(model, cluster, searched, refused, constraints, solver, time_limit_s)
              if union and built and per_runtime else None)
-    return _with_runtimes(build_plan(model, cluster, setup, best.strategy, est, constraints,
+    return _with_runtimes(_requested(moe, build_plan(model, cluster, setup, best.strategy, est, constraints,
                                      {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives,
                                      notes=notes, search=_search_summary(searched),
                                      runtimes=(list(TARGETS) if built else []) if union else None,
-                                     per_runtime=bests))
+                                     per_runtime=bests)))
+
+
+def _requested(moe: MoeOptions, doc: dict) -> dict:
+    """The plan, its training inputs also saying where the request kept the experts unfolded
+    (--no-moe-folding), so that a re-plan searches what it searched (MoeOptions.recorded)."""
+    if moe.folding is False:
+        doc["inputs"]["training"]["moe_folding"] = False
+    return doc
 
 
 def _unbuilt_note(model: ModelSpec) -> str:
@@ -197,9 +238,9 @@ def _runners_up(searched: dict, chosen, top: int) -> list:
     every runtime searched (faster ones that lost on the tie rule included): one per strategy
     (its fastest runtime's), ties to the earlier runtime."""
     pool = []
-    for i, (name, (setup, r)) in enumerate(searched.items()):
+    for i, (setup, r) in enumerate(searched.values()):
         for cand in ((r.best,) if r.best else ()) + r.alternatives:
-            pool.append((cand.step_time_s, i, name, setup, cand))
+            pool.append((cand.step_time_s, i, setup.runtime, setup, cand))
     pool.sort(key=lambda x: (x[0], x[1]))
     best_key = strategy_key(chosen.strategy)
     seen, out = {best_key}, []
@@ -220,13 +261,16 @@ def _per_runtime(model: ModelSpec, cluster: Cluster, searched: dict, refused: di
         if name in refused:
             out.append({"runtime": name, "why_not": refused[name]})
             continue
-        setup, r = searched[name]
-        if r.best is None:
+        mine = [(setup, r) for setup, r in searched.values() if setup.runtime == name]
+        own = most_conventional(model, cluster, mine, constraints, solver, time_limit_s)
+        if own is None:
+            setup, r = mine[0]
             out.append({"runtime": name, "why_not": infeasible_message(r, cluster, setup) if r.closest or r.pruned_memory
                         else "no legal strategy satisfies the request under this runtime"})
             continue
-        own = most_conventional(model, cluster, [(setup, r)], constraints, solver, time_limit_s)[1]
-        out.append({"runtime": name, "step_time_s": own.step_time_s, "strategy": strategy_block(own.strategy, setup)})
+        setup = mine[own[0]][0]
+        out.append({"runtime": name, "step_time_s": own[1].step_time_s,
+                    "strategy": strategy_block(own[1].strategy, setup)})
     return out
 
 

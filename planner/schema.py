@@ -67,7 +67,7 @@ TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
                  "moe_folding": _BOOL},
                 required=[*_TRAINING, "memory_headroom"])
 """moe_dispatcher only where the request named one (else the runtime's own); ep_overlap and
-moe_folding only where they are on"""
+moe_folding only where they are on (moe_folding false: the request kept the experts unfolded)"""
 _SOLVER = _obj({"name": _STR, "time_limit_s": _NUM})
 _INPUTS = {"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,
            "constraints": {"type": "object"}, "solver": _SOLVER, "sha256": _STR}

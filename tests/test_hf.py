@@ -13,6 +13,7 @@ against copies of the same file quoted in public code where such a copy was foun
   qwen1.5-moe-a2.7b.json   Qwen/Qwen1.5-MoE-A2.7B          sizes; not max_position_embeddings (8192
                                                            here, 32768 in one copy); key order not the Hub's
   qwen3-30b-a3b.json       Qwen/Qwen3-30B-A3B              sizes
+  qwen3-235b-a22b.json     Qwen/Qwen3-235B-A22B            sizes (qwen3-30b-a3b.json's keys, its sizes changed)
   deepseek-v3.json         deepseek-ai/DeepSeek-V3         yes (via DeepSeek-R1's identical architecture)
   gpt2.json                openai-community/gpt2           sizes (GPT2Config's defaults are gpt2's)
   pythia-1b.json           EleutherAI/pythia-1b            only the values all Pythia sizes share
@@ -63,6 +64,8 @@ EXPECTED = {
     # explicit head_dim 128, not hidden / heads = 64
     "qwen3-30b-a3b.json": (48, 2048, 32, 4, 128, 6144, 151936, dict(
         moe=MoeSpec(experts=128, top_k=8, expert_ffn_hidden=768, shared_ffn_hidden=768))),
+    "qwen3-235b-a22b.json": (94, 4096, 64, 4, 128, 12288, 151936, dict(
+        moe=MoeSpec(experts=128, top_k=8, expert_ffn_hidden=1536, shared_ffn_hidden=1536))),
     "deepseek-v3.json": (61, 7168, 128, 128, 192, 18432, 129280, dict(
         moe=MoeSpec(experts=256, top_k=8, expert_ffn_hidden=2048, shared_experts=1,
                     shared_ffn_hidden=2048, dense_layers=3, router_scoring="sigmoid", groups=8, group_topk=4),

@@ -490,3 +490,29 @@ def test_a_plan_priced_with_a_dispatcher_a_runtime_lacks_does_not_run_there():
         export(dedup, "deepspeed")
     assert [r["runtime"] for r in plain["runnable_on"]] == ["megatron", "deepspeed"]
     CHECKS["deepspeed"](plain)
+
+
+def test_qwen3_235b_as_megatron_bridge_runs_it_on_h100_plans_exports_and_places_its_experts():
+    """Issue 12: Qwen3-235B-A22B from its config.json as Megatron-Bridge's H100 recipe runs it
+    (tp 2, pp 8, vpp 4, ep 32 on 256 GPUs, fp8). ep 32 exceeds dp*cp, so only folded experts run
+    it; the search finds that layout, 94 layers interleave over 32 chunks with the embedding and
+    the loss counted as layers, the export passes Megatron's checks, and megatron-core's expert
+    rank generator (expert tensor parallel 1) forms the expert groups the plan priced."""
+    from pathlib import Path
+
+    from planner.plan import rank_groups_of
+    from planner.spec.model import load_model as load
+    model = load(str(Path(__file__).parent / "data" / "hf" / "qwen3-235b-a22b.json"))
+    knobs = {"tp": 2, "pp": 8, "vpp": 4, "ep": 32, "micro_batch": 1}
+    plan = make_plan(model, load_cluster("dgx-h100"), gpus=256, global_batch=2048, seq_len=4096, precision="fp8",
+                     attention="flash", runtime="megatron", constraints=knobs, top=0)
+    assert plan["inputs"]["training"]["moe_folding"] is True
+    st = plan["strategy"]
+    text = export(plan, "megatron")
+    CHECKS["megatron"](plan)
+    for flag in ("--expert-tensor-parallel-size 1", "--account-for-embedding-in-pipeline-split",
+                 "--account-for-loss-in-pipeline-split", "--num-layers-per-virtual-pipeline-stage 3"):
+        assert flag in text, flag
+    _, expert = _megatron_generators(st["tp"], st["cp"], st["dp"], st["pp"], st["ep"], plan["placement"]["order"], etp=1)
+    ours = rank_groups_of(plan)
+    assert sorted(ours["ep"]) == sorted(sorted(g) for g in expert.get_ranks("ep"))

@@ -25,21 +25,24 @@ training/performance/README.md). `estimate` and `validate` price at 0: what ran,
 
 @dataclass(frozen=True, slots=True)
 class MoeOptions:
-    """How a request runs its experts: the TrainingSetup fields moe_dispatcher and ep_overlap as
-    one value, what the CLI, planning and forecasts pass along (TrainingSetup checks them)."""
+    """How a request runs its experts: the TrainingSetup fields moe_dispatcher, ep_overlap and
+    moe_folding as one value, what the CLI, planning and forecasts pass along (TrainingSetup
+    checks them). folding None leaves it to the search: both layouts where the runtime folds
+    (planning.moe_variants)."""
 
     dispatcher: str = ""
     ep_overlap: bool = False
-    folding: bool = False
+    folding: bool | None = None
 
     def setup_fields(self) -> dict:
-        return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": self.folding}
+        return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding)}
 
     @classmethod
     def recorded(cls, training: dict) -> "MoeOptions":
-        """The options a plan's inputs.training records (absent: the defaults)."""
+        """The options a plan's inputs.training records: the expert layout where it names one,
+        else both searched again (absent: the defaults)."""
         return cls(dispatcher=training.get("moe_dispatcher", ""), ep_overlap=training.get("ep_overlap", False),
-                   folding=training.get("moe_folding", False))
+                   folding=training.get("moe_folding"))
 
 
 @dataclass(frozen=True, slots=True)
