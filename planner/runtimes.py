@@ -57,6 +57,7 @@ class RuntimeRules:
 
     zero: tuple[int, ...]
     zero_with_pp: tuple[int, ...]
+    """the ZeRO stages it runs without and with pipeline stages (zeros)"""
     interleaving: bool
     even_chunks: bool
     """virtual chunks must hold equal layer counts (chunks_run)"""
@@ -114,6 +115,8 @@ class RuntimeRules:
     on an fp32 cast (torchtitan's loss uncompiled: the fp32 log-probabilities it keeps, their
     gradient and the input's gradient at once), 4 for that loss under torch.compile (it keeps
     the bf16 logits and the per-row statistics; the gradient comes back in bf16)"""
+    zero_with_experts: tuple[int, ...] = (0, 1, 2, 3)
+    """the ZeRO stages it runs a model with experts in (zeros)"""
     ends_accounted: bool = False
     """its equal virtual chunks may count the embedding and the loss as a layer each, leaving the
     first and the last chunk one layer short (Megatron's --account-for-embedding-in-pipeline-split
@@ -143,9 +146,11 @@ class RuntimeRules:
         from the same fields; `fold`: tp over the experts' tp (order_runs). The precision, the
         dispatcher, folding and the model itself are refused with the setup (precision_refusal,
         dispatcher_refusal, folding_refusal, model_refusal)."""
-        zeros = self.zero_with_pp if s.pp > 1 else self.zero
+        zeros = self.zeros(s.pp, model)
         if s.zero not in zeros:
-            return f"ZeRO {s.zero}{' under pipeline stages' if s.pp > 1 else ''} (it runs {zeros})"
+            dense = s.zero in self.zeros(s.pp, None)  # it would run it without the experts
+            where = " with experts" if dense else " under pipeline stages" if s.pp > 1 else ""
+            return f"ZeRO {s.zero}{where} (it runs {zeros})"
         if self.replicate_alone and s.zero == 0 and not s.tp == s.pp == s.cp == 1:
             return "plain replication (ZeRO 0) beside other parallelism"
         if s.cp > 1 and not self.context_parallel:
@@ -175,6 +180,13 @@ class RuntimeRules:
         over the experts' tp, the share of tp the expert groups fold in: edp = dp*cp*fold/ep is dp
         exactly when ep = cp*fold)."""
         return not self.pp_outermost_unless_cp_is_ep or pp == 1 or order.endswith("pp") or cp * fold == ep
+
+    def zeros(self, pp: int, model) -> tuple[int, ...]:
+        """The ZeRO stages it runs with `pp` stages for `model` (None: a model without experts)."""
+        zeros = self.zero_with_pp if pp > 1 else self.zero
+        if getattr(model, "moe", None) is not None:
+            zeros = tuple(z for z in zeros if z in self.zero_with_experts)
+        return zeros
 
     def chunks_run(self, layers: int, pp: int, vpp: int) -> bool:
         """Whether the even split of `layers` into pp*vpp virtual chunks (split_layers) is one it
@@ -212,7 +224,10 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, layers split evenly (pp divides them), activation checkpointing of "
                               "every layer or none, pipeline stages outermost; no FP8 training mode",
-                              orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16")),
+                              orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16"),
+                              # deepspeed 0.19.0 runtime/engine.py _configure_zero_optimizer: "MoE not
+                              # supported with Stage 3" (asserted wherever the model has MoE layers)
+                              zero_with_experts=(0, 1, 2)),
     "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", "all", True, True,
                                "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",

@@ -516,3 +516,24 @@ def test_qwen3_235b_as_megatron_bridge_runs_it_on_h100_plans_exports_and_places_
     _, expert = _megatron_generators(st["tp"], st["cp"], st["dp"], st["pp"], st["ep"], plan["placement"]["order"], etp=1)
     ours = rank_groups_of(plan)
     assert sorted(ours["ep"]) == sorted(sorted(g) for g in expert.get_ranks("ep"))
+
+
+def test_deepspeed_runs_no_zero3_with_experts():
+    """DeepSpeed 0.19.0 asserts "MoE not supported with Stage 3" wherever the model has MoE layers
+    (runtime/engine.py, _configure_zero_optimizer): its record, the search and the exporter refuse
+    a ZeRO-3 MoE plan alike, and a dense model keeps ZeRO-3."""
+    from pathlib import Path
+
+    import deepspeed.runtime.engine as engine
+    from planner.errors import ExportError
+    assert 'assert not self.has_moe_layers, "MoE not supported with Stage 3"' in Path(engine.__file__).read_text()
+    mixtral, dense, cluster = load_model("mixtral-8x7b"), load_model("llama3-8b"), load_cluster("dgx-h100")
+    rules = RUNTIME_RULES["deepspeed"]
+    assert 3 not in rules.zeros(1, mixtral) and 3 in rules.zeros(1, dense)
+    plan = make_plan(mixtral, cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16", attention="flash",
+                     runtime="deepspeed", constraints={}, top=3)
+    assert all(p["strategy"]["zero"] < 3 for p in (plan, *plan["alternatives"]))
+    zero3 = estimate_plan(mixtral, cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16",
+                          attention="flash", runtime="ideal", constraints={"zero": 3, "ep": 8})
+    with pytest.raises(ExportError, match="ZeRO 3 with experts"):
+        export(zero3, "deepspeed")

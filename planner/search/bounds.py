@@ -161,7 +161,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
             alone = tp == pp == cp == 1
             zkey = (pp > 1, alone)
             if zkey not in zero_sets:
-                zero_sets[zkey] = tuple(z for z in (rules.zero_with_pp if pp > 1 else rules.zero)
+                zero_sets[zkey] = tuple(z for z in rules.zeros(pp, model)
                                         if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
             zeros = zero_sets[zkey]
             etp = setup.expert_tp(tp, model)
