@@ -178,7 +178,8 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
                                              found=(found or {}).get(name) if k == 0 else None,
                                              outside_s=reached * (1 + TIE_TOLERANCE) * (1 + TIE) if shared
                                              else float("inf")))
-    chosen = most_conventional(model, cluster, list(searched.values()), constraints, solver, time_limit_s)
+    memo: dict = {}  # the classes priced for the choice, which each runtime's own line may ask again
+    chosen = most_conventional(model, cluster, list(searched.values()), constraints, solver, time_limit_s, memo)
     if chosen is None:
         raise _nothing(model, cluster, constraints, searched, refused)
     index, best, rule_proven = chosen
@@ -204,7 +205,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
     elif name == "ideal":
         notes.append("planned in the ideal space (--runtime ideal): no runtime's limits shape it, so no runtime may "
                      "run it as planned")
-    bests = (_per_runtime(model, cluster, searched, refused, constraints, solver, time_limit_s)
+    bests = (_per_runtime(model, cluster, searched, refused, constraints, solver, time_limit_s, memo)
              if union and built and per_runtime else None)
     return _with_runtimes(_requested(moe, build_plan(model, cluster, setup, best.strategy, est, constraints,
                                      {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives,
@@ -253,7 +254,7 @@ def _runners_up(searched: dict, chosen, top: int) -> list:
 
 
 def _per_runtime(model: ModelSpec, cluster: Cluster, searched: dict, refused: dict, constraints: dict, solver: str,
-                 time_limit_s: float) -> list[dict]:
+                 time_limit_s: float, memo: dict) -> list[dict]:
     """Each runtime's best plan (a one-line strategy and its step time: what `plan --runtime` gives,
     the tie rule applied within its own space), or why it has none."""
     out = []
@@ -262,7 +263,7 @@ def _per_runtime(model: ModelSpec, cluster: Cluster, searched: dict, refused: di
             out.append({"runtime": name, "why_not": refused[name]})
             continue
         mine = [(setup, r) for setup, r in searched.values() if setup.runtime == name]
-        own = most_conventional(model, cluster, mine, constraints, solver, time_limit_s)
+        own = most_conventional(model, cluster, mine, constraints, solver, time_limit_s, memo)
         if own is None:
             setup, r = mine[0]
             out.append({"runtime": name, "why_not": infeasible_message(r, cluster, setup) if r.closest or r.pruned_memory

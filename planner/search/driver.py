@@ -143,8 +143,8 @@ def _constraints(fixed: dict | None) -> dict:
 
 
 def most_conventional(model: ModelSpec, cluster: Cluster, searched: list[tuple[TrainingSetup, SearchResult]],
-                      fixed: dict | None = None, solver: str = "highs",
-                      time_limit_s: float = 10.0) -> tuple[int, Candidate, bool] | None:
+                      fixed: dict | None = None, solver: str = "highs", time_limit_s: float = 10.0,
+                      memo: dict | None = None) -> tuple[int, Candidate, bool] | None:
     """The plan over several searches' spaces (one per setup, in order; the searches' own
     results): the most conventional strategy (space.conventional) within space.TIE_TOLERANCE of
     the fastest of all, ties to the faster, then to the earlier search; as (which search, the
@@ -154,7 +154,9 @@ def most_conventional(model: ModelSpec, cluster: Cluster, searched: list[tuple[T
     plan's (and than the choice so far) whose refined bounds reach the tolerance are priced, one
     class at a time from the most conventional, in bound order (_fastest_within), until one
     lands within it; the first class that does holds that space's most conventional plan within
-    the tolerance."""
+    the tolerance. `memo`: the classes already priced at a tolerance, shared by calls over the
+    same searches (a union's choice and each runtime's own)."""
+    memo = {} if memo is None else memo
     fastest = min((r.best.step_time_s for _, r in searched if r.best is not None), default=None)
     if fastest is None:
         return None
@@ -178,8 +180,11 @@ def most_conventional(model: ModelSpec, cluster: Cluster, searched: list[tuple[T
                 if choice is not None and code > choice[0]:
                     break
                 mine = codes[near] == code
-                found, exact = _fastest_within(model, cluster, setup, _constraints(fixed), r.found, near[mine],
-                                               refined[mine], solver, time_limit_s, limit)
+                key = (id(r.found), code, limit)
+                if key not in memo:
+                    memo[key] = _fastest_within(model, cluster, setup, _constraints(fixed), r.found, near[mine],
+                                                refined[mine], solver, time_limit_s, limit)
+                found, exact = memo[key]
                 proven &= exact
                 if found is not None:
                     if here is None or (code, found.step_time_s) < here[:2]:
