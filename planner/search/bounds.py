@@ -97,13 +97,6 @@ class Bounds:
         tp, cp, dp, ep = (self.outer.columns[self.row, k] for k in range(4))
         return space.conventional(tp, cp, dp, self.pp, ep, self.zero, gpus_per_node)
 
-    def subset(self, keep: np.ndarray) -> "Bounds":
-        """The candidates `keep` (a mask, or ascending indices), still in bound order (the same
-        refiner)."""
-        return replace(self, row=self.row[keep], pp=self.pp[keep], zero=self.zero[keep], vpp=self.vpp[keep],
-                       bound_s=self.bound_s[keep], pipe_s=self.pipe_s[keep], floor_bytes=self.floor_bytes[keep],
-                       order=None if self.order is None else self.order[keep], dominated=0)
-
     def refined_s(self, idx: np.ndarray, cutoff: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
         """Tighter bounds of candidates idx: the pipeline part (with the free split's
         integrality, Refiner.pipe_floor_s) plus the least largest tail (Refiner.floor_s), never

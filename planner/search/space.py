@@ -23,6 +23,9 @@ the plan a team would run anyway.
 from __future__ import annotations
 
 import math
+
+import numpy as np
+
 from planner.runtimes import (
     RUNTIME_RULES,
     RuntimeRules,
@@ -45,7 +48,6 @@ def conventional(tp, cp, dp, pp, ep, zero, gpus_per_node: int):
     plain integers): the parallel dimensions used (dp, tp, pp, cp, ep above 1), then context
     parallelism, then a tp*cp block that neither divides the node nor is a multiple of it,
     then the ZeRO stage (CONVENTIONS, in that order)."""
-    import numpy as np
     dims = sum(np.greater(d, 1).astype(int) for d in (dp, tp, pp, cp, ep))
     inner = np.multiply(tp, cp)
     straddles = (np.mod(gpus_per_node, inner) != 0) & (np.mod(inner, gpus_per_node) != 0)
