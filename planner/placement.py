@@ -139,6 +139,14 @@ def carved_layout(st: dict[str, int], degrees: dict[str, int]) -> tuple[tuple, t
     return None
 
 
+def expert_pool(tp: int, cp: int, dp: int, etp: int = 0) -> tuple[int, str]:
+    """(the ranks of a pipeline stage ep is carved from, their name): dp*cp, or tp*dp*cp / etp
+    where the experts' tensor parallelism etp is below tp (folded_layout); etp 0: tp."""
+    if 0 < etp < tp:
+        return tp * cp * dp // etp, "tp*dp*cp (folded experts)"
+    return dp * cp, "dp*cp"
+
+
 def has_expert_layout(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, etp: int = 0) -> bool:
     """Whether the expert groups can be laid out under this order (expert_layout; etp 0: tp)."""
     degrees = expert_degrees(tp, cp, dp, pp, ep, etp)

@@ -225,7 +225,8 @@ def _check_degrees(doc: dict, path) -> None:
     if product != gpus:
         raise PlanFormatError(f"{path}: strategy dp*tp*pp*cp = {product:,} does not fill the plan's {gpus:,} GPUs")
     folded = doc["inputs"]["training"].get("moe_folding", False)
-    pool, named = (s["dp"] * s["cp"] * s["tp"], "tp*dp*cp") if folded else (s["dp"] * s["cp"], "dp*cp")
+    from planner.placement import expert_pool
+    pool, named = expert_pool(s["tp"], s["cp"], s["dp"], 1 if folded else 0)
     if pool % s["ep"]:
         raise PlanFormatError(f"{path}: strategy ep {s['ep']} does not divide {named} = {pool}")
 

@@ -42,7 +42,7 @@ from planner.cost.step import (
     state_shards,
     zero_traffic_s,
 )
-from planner.placement import group_spans, has_expert_layout
+from planner.placement import expert_pool, group_spans, has_expert_layout
 from planner.search import space
 from planner.search.contexts import KINDS, Table, affine, layout_coef, registry
 from planner.search.floors import (
@@ -158,7 +158,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
                                         if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
             zeros = zero_sets[zkey]
             etp = setup.expert_tp(tp, model)
-            for ep in space.ep_options(model, dp * cp * (tp // etp), fixed.get("ep"), rules, setup.precision,
+            for ep in space.ep_options(model, expert_pool(tp, cp, dp, etp)[0], fixed.get("ep"), rules, setup.precision,
                                       setup.ep_overlap):
                 placed = set()
                 for o, order in enumerate(orders):

@@ -161,7 +161,8 @@ def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
     if below_one:  # the rules below divide by these
         return problems + below_one
     etp = setup.expert_tp(s.tp, model)
-    pool, named = (s.dp * s.cp, "dp*cp") if etp == s.tp else (s.tp * s.dp * s.cp // etp, "tp*dp*cp (folded experts)")
+    from planner.placement import expert_pool
+    pool, named = expert_pool(s.tp, s.cp, s.dp, etp)
     if pool % s.ep:
         problems.append(f"ep ({s.ep}) must divide {named} ({pool})")
     elif s.ep > 1 or etp < s.tp and model.moe is not None:
