@@ -10,6 +10,7 @@ import click
 from planner import __version__
 from planner.errors import PlannerError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
+from planner.runtimes import OLDER_VERSIONS, TARGETS
 from planner.spec.training import DEFAULT_HEADROOM
 
 
@@ -38,6 +39,10 @@ def _strategy_options(f):
     return f
 
 
+_RUNTIMES = ["supported", *TARGETS, "ideal", "any", *OLDER_VERSIONS]
+"""--runtime's choices: the search spaces, then older versions of a runtime (NAME@VERSION)"""
+
+
 def _setup_options(f):
     opts = [
         click.option("--model", "-m", "model_ref", required=True, help="preset name, our YAML, or a config.json"),
@@ -47,7 +52,7 @@ def _setup_options(f):
         click.option("--seq-len", type=click.IntRange(1, MAX_SEQ_LEN), help="sequence length (default: the model's)"),
         click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True),
-        click.option("--runtime", type=click.Choice(["supported", "megatron", "deepspeed", "torchtitan", "nanotron", "ideal", "any"]),
+        click.option("--runtime", type=click.Choice(_RUNTIMES),
                      default="supported", show_default=True,
                      help="the space searched: supported = the union of megatron, deepspeed, torchtitan and nanotron (each "
                           "plan priced as the runtime that runs it); one of them; ideal = no runtime's limits "
@@ -279,7 +284,6 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
         report.err.print(f"written to {output}", markup=False, highlight=False)
 
 
-_RUNTIMES = ["supported", "megatron", "deepspeed", "torchtitan", "nanotron", "ideal", "any"]
 
 
 @cli.command()
@@ -474,8 +478,9 @@ def check_command(plan_file, tolerance, refresh_presets, as_json):
 
 @cli.command("export")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--to", "runtime", type=click.Choice(["megatron", "deepspeed", "torchtitan", "nanotron"]), required=True)
-@click.option("--format", "fmt", help="megatron: lines|shell; torchtitan: toml|cli")
+@click.option("--to", "runtime", type=click.Choice([*TARGETS, *OLDER_VERSIONS]),
+              required=True, help="the runtime (its newest checked version; NAME@VERSION an older one)")
+@click.option("--format", "fmt", help="megatron: lines|shell|launch; torchtitan: py; torchtitan@0.2: toml|cli")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write here (atomically) instead of stdout")
 def export_command(plan_file, runtime, fmt, output):
     """Turn a plan into the configuration of a training runtime."""

@@ -229,7 +229,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                               # supported with Stage 3" (asserted wherever the model has MoE layers)
                               zero_with_experts=(0, 1, 2)),
     "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", "all", True, True,
-                               "torchtitan: FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
+                               "torchtitan 0.3.0 (0.2.x: torchtitan@0.2): FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
                                orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8"),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0),
@@ -238,6 +238,9 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
 # setting, of a target; or a runtime described only by its kernels and loss): what the cost
 # model reads of them is the attention kernel, the loss's peak and, for a version of a target,
 # its space.
+RUNTIME_RULES["torchtitan@0.2"] = replace(
+    RUNTIME_RULES["torchtitan"],
+    note="torchtitan 0.2.x (0.2.0, 0.2.2): the space of 0.3, its job written as the TOML config 0.3 no longer reads")
 RUNTIME_RULES["torchtitan@compile"] = replace(
     RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0,
     note="torchtitan with torch.compile of the model and the loss (training.compile from mid-2025, "
@@ -260,6 +263,9 @@ for _name, _note in (("composer", "MosaicML llm-foundry (FSDP, flash_attn)"),
 TARGETS = ("megatron", "deepspeed", "torchtitan", "nanotron")
 """the runtimes a plan is searched for when the request names none (the union of their spaces,
 each strategy priced as the runtime that runs it)"""
+OLDER_VERSIONS = ("torchtitan@0.2",)
+"""records of a target's older versions that users still run (NAME@VERSION; NAME alone is the
+newest checked): plannable and exportable by name, never part of the default union"""
 OLD_NAMES = {"any": "ideal"}
 """record names plans and commands of earlier versions used"""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from planner.cost.memory import MEMORY_KEYS
 from planner.cost.step import BREAKDOWN_KEYS
 from planner.errors import PlanFormatError
-from planner.runtimes import OLD_NAMES, TARGETS
+from planner.runtimes import OLD_NAMES, OLDER_VERSIONS, TARGETS
 
 _NUM = {"type": "number"}
 _INT = {"type": "integer", "minimum": 1}
@@ -61,7 +61,7 @@ PREDICTION = _obj({**_PREDICTION_V1, "hfu": _NUM, "band": BAND})
 _TRAINING = {"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
              "precision": {"type": "string", "enum": ["bf16", "fp16", "fp8"]},
              "attention": {"type": "string", "enum": ["flash", "eager"]},
-             "runtime": {"type": "string", "enum": ["ideal", *OLD_NAMES, *TARGETS]}}
+             "runtime": {"type": "string", "enum": ["ideal", *OLD_NAMES, *TARGETS, *OLDER_VERSIONS]}}
 TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
                  "moe_dispatcher": {"type": "string", "enum": ["alltoall", "dedup"]}, "ep_overlap": _BOOL,
                  "moe_folding": _BOOL},

@@ -58,15 +58,22 @@ def check_deepspeed(plan: dict) -> None:
 
 
 def check_torchtitan(plan: dict) -> None:
-    """torchtitan's ConfigManager reads the TOML and the command line alike, with the plan's degrees."""
+    """Both torchtitan versions read their export of the plan (torchtitan@0.2's TOML and command
+    line, torchtitan 0.3's config module)."""
+    check_torchtitan_02(plan)
+    check_torchtitan_03(plan)
+
+
+def check_torchtitan_02(plan: dict) -> None:
+    """torchtitan 0.2.2's ConfigManager reads the TOML and the command line alike, with the plan's degrees."""
     from torchtitan.config.manager import ConfigManager
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "job.toml"
-        path.write_text(export(plan, "torchtitan"))
+        path.write_text(export(plan, "torchtitan@0.2"))
         configs = [ConfigManager().parse_args(["--job.config_file", str(path)])]
     try:
-        cli = export(plan, "torchtitan", "cli")
+        cli = export(plan, "torchtitan@0.2", "cli")
     except Exception:  # a split only the TOML can write (the exporter says so)
         cli = None
     if cli is not None:
@@ -96,6 +103,103 @@ def torchtitan_model(name: str, flavor: str) -> dict:
             "kv_heads": block.attention.wk.weight.shape[0] // head_dim,
             "ffn_hidden": block.feed_forward.w1.weight.shape[0], "vocab": model.tok_embeddings.weight.shape[0],
             "rope_theta": float(args.rope_theta), "norm_eps": float(model.norm.eps)}
+
+
+TORCHTITAN_03 = Path(__file__).resolve().parent.parent / ".runtimes" / "torchtitan-0.3"
+"""where README's test command installs torchtitan 0.3.0 (tests/torchtitan-0.3.txt) beside the
+runtimes extra's 0.2.2: the two cannot share one environment, so 0.3 runs in a worker process"""
+_WORKER = r"""
+import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+import torchtitan.components.quantization.float8 as float8
+float8.has_cuda_capability = lambda *a, **k: True  # the job's GPU (sm90); torchao checks it at config time
+from torchtitan.config.manager import ConfigManager
+from torchtitan.distributed.parallel_dims import ParallelDims
+for line in sys.stdin:
+    req = json.loads(line)
+    sys.path.insert(0, req["folder"])
+    importlib.invalidate_caches()
+    try:
+        c = ConfigManager().parse_args(["--module", req["module"], "--config", "planner_job"])
+        p, t, m = c.parallelism, c.training, c.model_spec.model
+        dims = ParallelDims.from_config(p, req["gpus"])
+        block = m.layers[0]
+        out = {"tp": dims.tp, "pp": dims.pp, "cp": dims.cp, "dp": dims.dp_replicate * dims.dp_shard,
+               "dp_shard": dims.dp_shard, "schedule": p.pipeline_parallel_schedule,
+               "microbatch": p.pipeline_parallel_microbatch_size, "fqns": p.module_fqns_per_model_part,
+               "local_batch": t.local_batch_size, "global_batch": t.global_batch_size, "seq_len": t.seq_len,
+               "checkpoint": type(c.activation_checkpoint).__qualname__, "compile": c.compile.enable,
+               "attention": type(block.attention.inner_attention).__qualname__,
+               "fp8": [type(block.feed_forward.w1).__qualname__, type(m.lm_head).__qualname__],
+               "model": {"layers": len(m.layers), "hidden": m.dim, "heads": block.attention.n_heads,
+                         "kv_heads": block.attention.n_kv_heads, "ffn_hidden": block.feed_forward.w1.out_features,
+                         "vocab": m.vocab_size, "rope_theta": float(block.attention.rope.theta),
+                         "norm_eps": float(m.norm.eps)}}
+    except BaseException as e:  # tyro reports a bad config by SystemExit
+        out = {"error": repr(e)}
+    print("@@" + json.dumps(out), flush=True)
+"""
+
+
+class _Torchtitan03:
+    """One worker process with torchtitan 0.3 on its path, started at the first check (importing
+    torch and torchtitan once, not once per plan); each request names a config module to load."""
+
+    process = None
+    count = 0
+
+    @classmethod
+    def load(cls, text: str, gpus: int) -> dict:
+        import atexit
+        import subprocess
+        import sys
+        assert TORCHTITAN_03.is_dir(), (
+            f"torchtitan 0.3.0 is not installed in {TORCHTITAN_03}: run README's test command "
+            "(pip install --no-deps --target .runtimes/torchtitan-0.3 -r tests/torchtitan-0.3.txt)")
+        if cls.process is None:
+            cls.folder = tempfile.mkdtemp(prefix="planner-tt03-")
+            cls.process = subprocess.Popen([sys.executable, "-c", _WORKER, str(TORCHTITAN_03)], text=True,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            atexit.register(cls.process.kill)
+        cls.count += 1
+        module = f"planner_job_{cls.count}"
+        (Path(cls.folder) / f"{module}.py").write_text(text)
+        cls.process.stdin.write(json.dumps({"folder": cls.folder, "module": module, "gpus": gpus}) + "\n")
+        cls.process.stdin.flush()
+        for line in cls.process.stdout:
+            if line.startswith("@@"):
+                return json.loads(line[2:])
+        raise AssertionError("the torchtitan 0.3 worker stopped")
+
+
+TORCHTITAN_03_CHECKPOINTS = {"none": "NoneType", "full": "FullAC.Config", "selective": "SelectiveAC.Config"}
+
+
+def check_torchtitan_03(plan: dict) -> None:
+    """torchtitan 0.3.0's ConfigManager loads the exported config module and ParallelDims
+    validates its degrees; the job is the plan's: degrees, batch, sequence, split, schedule,
+    recompute policy, precision (float8 linears, LM head in bf16), the attention backend, no
+    compile, and the model it builds equals the plan's model field by field."""
+    tr, s = plan["inputs"]["training"], plan["strategy"]
+    got = _Torchtitan03.load(export(plan, "torchtitan"), tr["gpus"])
+    assert "error" not in got, got["error"]
+    assert (got["tp"], got["pp"], got["cp"], got["dp"]) == (s["tp"], s["pp"], s["cp"], s["dp"])
+    assert got["dp_shard"] == (s["dp"] if s["zero"] == 3 else 1)
+    local = s["micro_batch"] * (s["num_microbatches"] if s["pp"] > 1 else 1)
+    assert (got["local_batch"], got["global_batch"], got["seq_len"]) == (local, tr["global_batch"], tr["seq_len"])
+    assert got["checkpoint"] == TORCHTITAN_03_CHECKPOINTS[s["recompute"]]
+    assert got["attention"] == "VarlenAttention.Config" and got["compile"] is False
+    fp8 = ["Float8Linear.Config", "Linear.Config"] if tr["precision"] == "fp8" else ["Linear.Config"] * 2
+    assert got["fp8"] == fp8, got["fp8"]
+    if s["pp"] > 1:
+        assert got["schedule"] == {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}[s["schedule"]]
+        assert got["microbatch"] == s["micro_batch"]
+        stages = [len([n for n in part if n.startswith("layers.")]) for part in got["fqns"]]
+        chunks = [b - a for st in plan["stages"] for a, b in (st.get("chunks") or [st["layers"]])]
+        assert sorted(stages) == sorted(chunks)
+        layers = plan["inputs"]["model"]["layers"]
+        assert sum(got["fqns"], []) == ["tok_embeddings", *(f"layers.{i}" for i in range(layers)), "norm", "lm_head"]
+    assert got["model"] == plan_model(plan)
 
 
 def plan_model(plan: dict) -> dict:
@@ -137,4 +241,5 @@ def check_nanotron(plan: dict) -> None:
 
 
 CHECKS = {"megatron": check_megatron, "deepspeed": check_deepspeed, "torchtitan": check_torchtitan,
+          "torchtitan@0.2": check_torchtitan_02,
           "nanotron": check_nanotron}

@@ -56,8 +56,9 @@ GOLDENS = [
     ("megatron", "lines", "llama3-70b-recompute", "megatron_llama3-70b-recompute.txt"),
     ("megatron", "lines", "mixtral-ep", "megatron_mixtral-ep.txt"),
     ("deepspeed", "json", "llama3-8b-pp2", "deepspeed_llama3-8b-pp2.json"),
-    ("torchtitan", "toml", "llama3-8b-fsdp", "torchtitan_llama3-8b-fsdp.toml"),
-    ("torchtitan", "cli", "llama3-8b-fsdp", "torchtitan_llama3-8b-fsdp.cli.txt"),
+    ("torchtitan", "py", "llama3-8b-fsdp", "torchtitan_llama3-8b-fsdp.py"),
+    ("torchtitan@0.2", "toml", "llama3-8b-fsdp", "torchtitan_llama3-8b-fsdp.toml"),
+    ("torchtitan@0.2", "cli", "llama3-8b-fsdp", "torchtitan_llama3-8b-fsdp.cli.txt"),
     ("nanotron", "yaml", "llama3-8b-pp2", "nanotron_llama3-8b-pp2.yaml"),
 ]
 
@@ -122,7 +123,7 @@ def test_golden(plans, runtime, fmt, name, golden):
 
 def test_default_format_is_the_first(plans):
     for runtime in EXPORTERS:
-        plan = plans["llama3-8b-fsdp"] if runtime == "torchtitan" else plans["llama3-8b-pp2"]
+        plan = plans["llama3-8b-fsdp"] if runtime.startswith("torchtitan") else plans["llama3-8b-pp2"]
         assert export(plan, runtime) == export(plan, runtime, FORMATS[runtime][0])
 
 
@@ -344,7 +345,7 @@ def test_deepspeed_config_class_accepts_it(plans):
 def test_torchtitan_toml_carries_the_plan(plans):
     plan = plans["llama3-8b-fsdp"]
     s = plan["strategy"]
-    doc = tomllib.loads(export(plan, "torchtitan", "toml"))
+    doc = tomllib.loads(export(plan, "torchtitan@0.2", "toml"))
     par, train = doc["parallelism"], doc["training"]
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, s["dp"])
@@ -372,9 +373,9 @@ def torchtitan_cli(text: str) -> dict[str, str]:
 def test_torchtitan_cli_split_knobs_reproduce_the_toml_split(plans):
     for plan in (plans["llama3-8b-fsdp"], variant(plans["llama3-8b-fsdp"], vpp=1, schedule="1f1b",
                                                   recompute="none", sizes=[17, 15])):
-        toml_parts = tomllib.loads(export(plan, "torchtitan"))["parallelism"]["module_fqns_per_model_part"]
-        cli = torchtitan_cli(export(plan, "torchtitan", "cli"))
-        par = tomllib.loads(export(plan, "torchtitan"))["parallelism"]
+        toml_parts = tomllib.loads(export(plan, "torchtitan@0.2"))["parallelism"]["module_fqns_per_model_part"]
+        cli = torchtitan_cli(export(plan, "torchtitan@0.2", "cli"))
+        par = tomllib.loads(export(plan, "torchtitan@0.2"))["parallelism"]
         for key, value in par.items():
             if key != "module_fqns_per_model_part":
                 assert cli[f"--parallelism.{key}"] == str(value)
@@ -387,7 +388,7 @@ def test_torchtitan_cli_split_knobs_reproduce_the_toml_split(plans):
 def test_torchtitan_zero0_is_ddp(plans):
     plan = variant(plans["llama3-8b-fsdp"], tp=1, pp=1, vpp=1, dp=16, zero=0, recompute="none",
                    sequence_parallel=False, schedule="1f1b")
-    doc = tomllib.loads(export(plan, "torchtitan"))
+    doc = tomllib.loads(export(plan, "torchtitan@0.2"))
     assert doc["parallelism"]["data_parallel_replicate_degree"] == 16
     assert doc["parallelism"]["data_parallel_shard_degree"] == 1
     assert "fsdp_reshard_after_forward" not in doc["parallelism"]
@@ -403,23 +404,25 @@ TORCHTITAN_REFUSALS = {
 }
 
 
+@pytest.mark.parametrize("version", ["torchtitan", "torchtitan@0.2"])
 @pytest.mark.parametrize("case", TORCHTITAN_REFUSALS)
-def test_torchtitan_refuses(plans, case):
+def test_torchtitan_refuses(plans, case, version):
     strategy, extra, phrase = TORCHTITAN_REFUSALS[case]
-    assert phrase in refused(variant(plans["llama3-8b-fsdp"], **extra, **strategy), "torchtitan")
+    assert phrase in refused(variant(plans["llama3-8b-fsdp"], **extra, **strategy), version)
 
 
-def test_torchtitan_refuses_fp16(plans):
+@pytest.mark.parametrize("version", ["torchtitan", "torchtitan@0.2"])
+def test_torchtitan_refuses_fp16(plans, version):
     plan = copy.deepcopy(plans["llama3-8b-fsdp"])
     plan["inputs"]["training"]["precision"] = "fp16"
-    assert "fp16" in refused(plan, "torchtitan")
+    assert "fp16" in refused(plan, version)
 
 
 def test_torchtitan_cli_refuses_a_split_its_knobs_cannot_make(plans):
     plan = variant(plans["llama3-8b-fsdp"], pp=4, dp=2, vpp=1, schedule="1f1b", recompute="none",
                    sizes=[6, 12, 6, 8])
-    assert "TOML" in refused(plan, "torchtitan", "cli")
-    assert tomllib.loads(export(plan, "torchtitan"))["parallelism"]["module_fqns_per_model_part"]
+    assert "TOML" in refused(plan, "torchtitan@0.2", "cli")
+    assert tomllib.loads(export(plan, "torchtitan@0.2"))["parallelism"]["module_fqns_per_model_part"]
 
 
 def test_torchtitan_config_manager_accepts_it(plans):

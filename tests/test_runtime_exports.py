@@ -120,16 +120,18 @@ def test_the_readme_export_commands_run_and_their_runtimes_read_the_output(tmp_p
     text = (REPO / "README.md").read_text()
     block = re.search(r"## Export\n.*?```bash\n(.*?)```", text, re.S).group(1)
     commands = [shlex.split(line.split("#")[0]) for line in block.strip().splitlines()]
-    assert [c[1] for c in commands] == ["plan", "export"] * 3
+    assert [c[1] for c in commands] == ["plan", "export"] * 4
     for command in commands:
         assert command[0] == "planner"
         result = run(*command[1:], cwd=tmp_path)
         assert result.returncode == 0, (command, result.stderr)
     import json
-    for runtime in ("megatron", "deepspeed", "torchtitan"):
-        plan = json.loads((tmp_path / f"{runtime}-plan.json").read_text())
+    for runtime, name in (("megatron", "megatron"), ("deepspeed", "deepspeed"), ("torchtitan", "torchtitan"),
+                          ("torchtitan@0.2", "torchtitan02")):
+        plan = json.loads((tmp_path / f"{name}-plan.json").read_text())
         assert runtime in [r["runtime"] for r in plan["runnable_on"]]
         CHECKS[runtime](plan)
+    assert (tmp_path / "planner_job.py").read_text().startswith('"""torchtitan 0.3 job')
     assert (tmp_path / "launch.sh").read_text().startswith("#!/usr/bin/env bash")
 
 

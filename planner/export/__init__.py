@@ -8,11 +8,14 @@ naming the missing capability. Shared reading and checks live in export/common.p
 from __future__ import annotations
 
 from planner.errors import ExportError
-from planner.export import deepspeed, megatron, nanotron, torchtitan
+from planner.export import deepspeed, megatron, nanotron, torchtitan, torchtitan_config
 from planner.export.common import check_record, read
 from planner.runtimes import RUNTIME_RULES
 
-MODULES = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan, "nanotron": nanotron}
+MODULES = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan_config, "nanotron": nanotron,
+           "torchtitan@0.2": torchtitan}
+"""each runtime's exporter of its newest checked version (NAME), and of older versions users still
+run (NAME@VERSION: same capability record, another config format)"""
 EXPORTERS = {name: module.export for name, module in MODULES.items()}
 FORMATS = {name: module.FORMATS for name, module in MODULES.items()}
 """formats of each runtime; the first is the default"""

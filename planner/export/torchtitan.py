@@ -11,8 +11,7 @@ Key names are those of torchtitan/config/job_config.py in the torchtitan 0.2.0 a
 - with pp > 1 one step is one pipeline pass: local_batch_size = micro_batch * micro-batches and
   pipeline_parallel_microbatch_size = micro_batch; without pp, gradient accumulation runs the
   micro-batches (global_batch_size / (local_batch_size * dp));
-- experts are sharded by tp inside the ep group as the plan prices them (expert tensor parallel
-  degree = tp); selective recompute is torchtitan's per-op policy ("op"), which saves matmul and
+- selective recompute is torchtitan's per-op policy ("op"), which saves matmul and
   attention outputs rather than recomputing attention, so its memory differs from the plan's;
 - torchtitan's tensor parallelism always shards the sequence (sequence parallel), and FSDP2
   always overlaps its communication (dp_overlap is not a knob).
@@ -20,7 +19,7 @@ Key names are those of torchtitan/config/job_config.py in the torchtitan 0.2.0 a
 Refused, because torchtitan cannot run them as planned:
 - ZeRO 1 or 2 (FSDP2 shards everything, or DDP replicates everything); ZeRO-0 with cp > 1
   (torchtitan shards parameters over the cp ranks) or with tp or pp > 1 (DDP only as the sole
-  parallelism); ep not dividing dp_shard*cp (experts take their ranks from the FSDP group);
+  parallelism); a model other than the llama3 flavors it ships (no MoE among them);
 - full recompute of some layers only (one activation-checkpoint policy for all layers);
 - fp16 (mixed precision is bfloat16 or float32); an explicit layer graph (no module names);
 - a rank order other than tp-cp-ep-dp-pp when dp and pp both exceed 1 (mesh pp, dp, cp, tp);
@@ -65,8 +64,9 @@ def export(plan: dict, fmt: str = "toml") -> str:
     return _toml(v, sections)
 
 
-def job_config(v: PlanView, cli: bool = False) -> dict[str, dict]:
-    """Sections of the job config; with `cli`, the split as knobs instead of module lists."""
+def job_config(v: PlanView, cli: bool = False, head: str = "output") -> dict[str, dict]:
+    """Sections of the job config; with `cli`, the split as knobs instead of module lists;
+    `head` the LM head's module name (0.2's decoders call it output, 0.3's lm_head)."""
     check_common(v, RUNTIME)
     check_transformer(v, RUNTIME)
     require(v.zero in (0, 3), RUNTIME, "shards everything (FSDP2, ZeRO-3) or replicates (DDP, ZeRO-0)",
@@ -96,11 +96,7 @@ def job_config(v: PlanView, cli: bool = False) -> dict[str, dict]:
     if v.pp > 1:
         parallelism.update({"pipeline_parallel_schedule": SCHEDULES[v.schedule],
                             "pipeline_parallel_microbatch_size": v.micro_batch})
-        parallelism.update(_split_knobs(v) if cli else {"module_fqns_per_model_part": module_fqns(v)})
-    if v.model.moe is not None:
-        require((shard * v.cp) % v.ep == 0, RUNTIME, "takes expert-parallel ranks from dp_shard*cp",
-                f"ep {v.ep} with dp_shard {shard} and cp {v.cp}")
-        parallelism.update({"expert_parallel_degree": v.ep, "expert_tensor_parallel_degree": v.tp})
+        parallelism.update(_split_knobs(v) if cli else {"module_fqns_per_model_part": module_fqns(v, head)})
     checkpoint = {"mode": recompute}
     if recompute == "selective":
         checkpoint["selective_ac_option"] = "op"
@@ -108,7 +104,7 @@ def job_config(v: PlanView, cli: bool = False) -> dict[str, dict]:
     return {name: keys for name, keys in sections.items() if keys}
 
 
-def module_fqns(v: PlanView) -> list[list[str]]:
+def module_fqns(v: PlanView, head: str = "output") -> list[list[str]]:
     """Module names of every virtual stage in pipeline order (looped: stage j*pp + i on rank i)."""
     stages = v.virtual_stages()
     parts = []
@@ -117,7 +113,7 @@ def module_fqns(v: PlanView) -> list[list[str]]:
         if k == 0:
             names.insert(0, "tok_embeddings")
         if k == len(stages) - 1:
-            names += ["norm", "output"]
+            names += ["norm", head]
         parts.append(names)
     return parts
 
