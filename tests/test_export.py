@@ -477,6 +477,96 @@ def test_megatron_builds_the_model_settings_the_spec_states(plans):
     assert not set(args) - megatron_known()
 
 
+MEGATRON_CONFIG_FIELDS = {
+    # flag: megatron-core TransformerConfig field (core_transformer_config_from_args copies each
+    # by name in megatron/training/arguments.py at 000c4ac; a flag of no value sets True)
+    "--num-layers": "num_layers", "--hidden-size": "hidden_size", "--ffn-hidden-size": "ffn_hidden_size",
+    "--num-attention-heads": "num_attention_heads", "--num-query-groups": "num_query_groups",
+    "--kv-channels": "kv_channels", "--normalization": "normalization", "--norm-epsilon": "layernorm_epsilon",
+    "--swiglu": "gated_linear_unit", "--hidden-dropout": "hidden_dropout", "--attention-dropout": "attention_dropout",
+    "--num-experts": "num_moe_experts", "--moe-router-topk": "moe_router_topk",
+    "--moe-ffn-hidden-size": "moe_ffn_hidden_size",
+    "--moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size",
+    "--moe-router-score-function": "moe_router_score_function", "--moe-router-num-groups": "moe_router_num_groups",
+    "--moe-router-group-topk": "moe_router_group_topk", "--q-lora-rank": "q_lora_rank",
+    "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_head_dim", "--qk-pos-emb-head-dim": "qk_pos_emb_head_dim",
+    "--v-head-dim": "v_head_dim",
+}
+"""the fields of the model that Megatron builds from an export (the table of issue 12, item 5)"""
+
+
+def megatron_model_config(args: dict):
+    """megatron-core 0.16.0's TransformerConfig (MLATransformerConfig with --multi-latent-attention)
+    from an export's arguments, as Megatron-LM's core_transformer_config_from_args builds it:
+    its __post_init__ checks the combination; --disable-bias-linear clears add_bias_linear and
+    --group-query-attention keeps num_query_groups (else it equals the head count)."""
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    def value(text):
+        if text is None:
+            return True
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    fields = {field: value(args[flag]) for flag, field in MEGATRON_CONFIG_FIELDS.items() if flag in args}
+    if "--group-query-attention" not in args:
+        fields["num_query_groups"] = fields["num_attention_heads"]
+    fields["add_bias_linear"] = "--disable-bias-linear" not in args
+    if "--moe-layer-freq" in args:
+        fields["moe_layer_freq"] = eval(args["--moe-layer-freq"])  # as Megatron's moe_freq_type evaluates it
+    if "--multi-latent-attention" in args:
+        return MLATransformerConfig(**fields, multi_latent_attention=True)
+    return TransformerConfig(**fields)
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "llama3-8b", "llama3-70b", "gpt3-175b", "qwen2.5-72b",
+                                  "mixtral-8x7b", "deepseek-v3"])
+def test_megatron_builds_the_model_the_plan_priced(plans, name):
+    """Issue 12: the model config megatron-core builds from the export equals the plan's model
+    spec, field by field (MEGATRON_CONFIG_FIELDS; vocabulary from the tokenizer the user names)."""
+    plan = variant(plans["llama3-8b-pp2"], model=name, pp=1, tp=2, dp=4,
+                   ep=4 if name in ("mixtral-8x7b", "deepseek-v3") else 1)
+    m = load_model(name)
+    plan["inputs"]["training"]["runtime"] = "megatron"
+    if m.position_embedding == "learned":  # sequences its position table covers
+        plan["inputs"]["training"]["seq_len"] = m.max_position
+    args = megatron_args(export(plan, "megatron"))
+    config = megatron_model_config(args)
+    assert (config.num_layers, config.hidden_size, config.num_attention_heads) == (m.layers, m.hidden, m.heads)
+    assert config.normalization == {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[m.norm]
+    assert config.layernorm_epsilon == (m.norm_eps or 1e-5)  # Megatron's default where the spec states none
+    assert config.gated_linear_unit == (m.ffn_act == "swiglu") and config.add_bias_linear == m.linear_bias
+    assert config.hidden_dropout == config.attention_dropout == m.dropout
+    assert ("--untie-embeddings-and-output-weights" in args) == (not m.tied_embeddings)
+    assert args["--position-embedding-type"] == {"rope": "rope", "learned": "learned_absolute"}[m.position_embedding]
+    if m.position_embedding == "rope":
+        assert int(args.get("--rotary-base", 10000)) == int(m.rope_theta or 10000)
+    if m.mla is None:
+        assert config.num_query_groups == m.kv_heads and config.kv_channels == m.head_dim
+        assert config.ffn_hidden_size == m.ffn_hidden
+    else:
+        assert (config.q_lora_rank, config.kv_lora_rank, config.qk_head_dim, config.qk_pos_emb_head_dim,
+                config.v_head_dim) == (m.mla.q_lora_rank or None, m.mla.kv_lora_rank, m.mla.qk_nope_head_dim,
+                                       m.mla.qk_rope_head_dim, m.mla.v_head_dim)
+    if m.moe is None:
+        assert config.num_moe_experts is None
+        return
+    moe = m.moe
+    assert (config.num_moe_experts, config.moe_router_topk, config.moe_ffn_hidden_size) == (
+        moe.experts, moe.top_k, moe.expert_ffn_hidden)
+    assert (config.moe_shared_expert_intermediate_size or 0) == moe.shared_experts * moe.shared_ffn_hidden
+    assert config.moe_router_score_function == moe.router_scoring
+    assert (config.moe_router_num_groups or 0, config.moe_router_group_topk or 0) == (moe.groups, moe.group_topk)
+    dense = config.moe_layer_freq if isinstance(config.moe_layer_freq, list) else [1] * m.layers
+    assert dense == [0] * moe.dense_layers + [1] * (m.layers - moe.dense_layers)
+    if moe.dense_layers:
+        assert config.ffn_hidden_size == m.ffn_hidden
+
+
 def test_megatron_launch_script_runs_the_arguments_on_every_node(plans, tmp_path):
     """The launch format is a bash script (bash -n reads it) that runs pretrain_gpt.py under
     torchrun with one process per GPU on each node, the same arguments as the lines format, and

@@ -4,6 +4,7 @@ per-stage recompute counts, replication with model parallelism, uneven splits)."
 
 import functools
 import json
+import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -63,14 +64,19 @@ def runtime_setups(draw):
     return model, cluster, gpus, batch, seq, precision, constraints
 
 
+NIGHTLY = os.environ.get("PLANNER_FUZZ_NIGHTLY") == "1"
+"""the nightly profile (as tests/test_fuzz.py): 300 random setups per runtime, not 50 fixed ones"""
+
+
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          derandomize=True)
+@settings(max_examples=300 if NIGHTLY else 50, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          derandomize=not NIGHTLY)
 @given(runtime_setups())
 def test_every_plan_for_a_runtime_exports_to_it(runtime, setup):
     """Issue 12: wherever `plan --runtime R` succeeds, `export --to R` does not refuse (the
     search's legal space and the exporter read one capability record), and the runtime's own
-    config code reads the export (runtime_checks)."""
+    config code reads the export (runtime_checks). 50 setups a runtime in CI, 300 in the
+    nightly profile (PLANNER_FUZZ_NIGHTLY=1)."""
     model, cluster, gpus, batch, seq, precision, constraints = setup
     try:
         plan = make_plan(load_model(model), load_cluster(cluster), gpus=gpus, global_batch=batch, seq_len=seq,

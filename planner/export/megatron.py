@@ -151,6 +151,8 @@ def _model(v: PlanView) -> list[Arg]:
             args += [("--moe-layer-freq", f"([0]*{moe.dense_layers}+[1]*{m.layers - moe.dense_layers})")]
         if moe.router_scoring != "softmax":
             args += [("--moe-router-score-function", moe.router_scoring)]
+        if moe.groups:  # group-limited routing, which the dispatch traffic was priced with
+            args += [("--moe-router-num-groups", moe.groups), ("--moe-router-group-topk", moe.group_topk)]
         # the dispatcher the plan was priced with: the plain all-to-all, or the flex dispatcher
         # with DeepEP, which sends a token once per node and rank (cost/comm.dispatch_time_s)
         if v.dispatcher == "dedup":
