@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from planner.errors import ExportError
 from planner.export import deepspeed, megatron, nanotron, torchtitan, torchtitan_config
-from planner.export.common import check_record, read
+from planner.export.common import PlanView, check_record, read
 from planner.runtimes import RUNTIME_RULES
 
 MODULES = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan_config, "nanotron": nanotron,
@@ -25,8 +25,9 @@ CHECKED_AGAINST = {name: module.CHECKED_AGAINST for name, module in MODULES.item
 __all__ = ["CHECKED_AGAINST", "EXPORTERS", "FORMATS", "ExportError", "export", "runnable_on"]
 
 
-def export(plan: dict, runtime: str, fmt: str | None = None) -> str:
-    """The plan as `runtime` reads it, in `fmt` (default: the runtime's first format)."""
+def export(plan: dict, runtime: str, fmt: str | None = None, view: PlanView | None = None) -> str:
+    """The plan as `runtime` reads it, in `fmt` (default: the runtime's first format); `view`:
+    the plan already read (export.common.read), where one plan goes to several runtimes."""
     if runtime not in EXPORTERS:
         raise ExportError(f"unknown runtime {runtime!r}; choose one of {', '.join(EXPORTERS)}")
     formats = FORMATS[runtime]
@@ -34,9 +35,10 @@ def export(plan: dict, runtime: str, fmt: str | None = None) -> str:
         fmt = formats[0]
     if fmt not in formats:
         raise ExportError(f"{runtime} exports as {', '.join(formats)}; not {fmt!r}")
-    text = EXPORTERS[runtime](plan, fmt)
+    v = read(plan) if view is None else view
+    text = EXPORTERS[runtime](plan, v, fmt)
     if runtime in RUNTIME_RULES:  # and at least what the runtime's record refuses (search and estimate read it)
-        check_record(read(plan), runtime, MODULES[runtime].RUNTIME)
+        check_record(v, runtime, MODULES[runtime].RUNTIME)
     return text
 
 
@@ -45,9 +47,10 @@ def runnable_on(plan: dict) -> list[dict]:
     refusal (each refusal is what that runtime cannot run), with the version the output was
     checked against. A plan lists them under runnable_on."""
     out = []
+    v = read(plan)
     for runtime in EXPORTERS:
         try:
-            export(plan, runtime)
+            export(plan, runtime, view=v)
         except ExportError:
             continue
         out.append({"runtime": runtime, "checked_against": CHECKED_AGAINST[runtime]})

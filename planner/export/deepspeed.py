@@ -35,7 +35,6 @@ from planner.export.common import (
     check_even_split,
     check_precision,
     check_rank_order,
-    read,
     require,
     single_recompute_policy,
 )
@@ -51,10 +50,10 @@ STAGE3_DEFAULTS = {"stage3_prefetch_bucket_size": 50_000_000, "stage3_param_pers
 """DeepSpeed's ZeRO-3 defaults (zero/config.py)"""
 
 
-def export(plan: dict, fmt: str = "json") -> str:
+def export(plan: dict, v: PlanView, fmt: str = "json") -> str:
     if fmt not in FORMATS:
         raise ExportError(f"DeepSpeed formats are {', '.join(FORMATS)}; not {fmt!r}")
-    return json.dumps(config(read(plan)), indent=2) + "\n"
+    return json.dumps(config(v), indent=2) + "\n"
 
 
 def config(v: PlanView) -> dict:

@@ -30,7 +30,6 @@ from planner.export.common import (
     PlanView,
     check_common,
     check_decoder,
-    read,
     refusal,
     require,
 )
@@ -47,10 +46,9 @@ Arg = tuple[str, object]
 """an argument and its value (None for a switch)"""
 
 
-def export(plan: dict, fmt: str = "lines") -> str:
+def export(plan: dict, v: PlanView, fmt: str = "lines") -> str:
     if fmt not in FORMATS:
         raise ExportError(f"Megatron-LM formats are {', '.join(FORMATS)}; not {fmt!r}")
-    v = read(plan)
     args = arguments(v)
     lines = [shlex.join([flag] + ([] if value is None else [str(value)])) for flag, value in args]
     if fmt == "launch":

@@ -28,7 +28,6 @@ from planner.export.common import (
     check_decoder,
     check_even_split,
     check_rank_order,
-    read,
     require,
 )
 
@@ -38,10 +37,9 @@ CHECKED_AGAINST = "nanotron 0.4 (config/parallelism_config.py, config.py)"
 """the runtime version whose config classes this output follows"""
 
 
-def export(plan: dict, fmt: str = "yaml") -> str:
+def export(plan: dict, v: PlanView, fmt: str = "yaml") -> str:
     if fmt not in FORMATS:
         raise ExportError(f"nanotron formats are {', '.join(FORMATS)}; not {fmt!r}")
-    v = read(plan)
     sections = config(v)
     lines = [f"# nanotron v0.4 config sections: {v.model.name} on {v.gpus} GPUs (written by planner export);",
              "# merge into a full config"]

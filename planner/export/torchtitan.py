@@ -39,7 +39,6 @@ from planner.export.common import (
     check_rank_order,
     check_transformer,
     describe_split,
-    read,
     refusal,
     require,
     single_recompute_policy,
@@ -53,10 +52,9 @@ CHECKED_AGAINST = "torchtitan 0.2.0 and 0.2.2 (torchtitan/config/job_config.py)"
 SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 
 
-def export(plan: dict, fmt: str = "toml") -> str:
+def export(plan: dict, v: PlanView, fmt: str = "toml") -> str:
     if fmt not in FORMATS:
         raise ExportError(f"torchtitan formats are {', '.join(FORMATS)}; not {fmt!r}")
-    v = read(plan)
     sections = job_config(v, cli=fmt == "cli")
     if fmt == "cli":
         return " ".join(f"--{section}.{key} {_cli_value(value)}"

@@ -24,7 +24,7 @@ every field the plan decides. What it writes, and why:
 from __future__ import annotations
 
 from planner.export import torchtitan as v02
-from planner.export.common import read
+from planner.export.common import PlanView
 
 RUNTIME = "torchtitan"
 FORMATS = ("py",)
@@ -36,8 +36,7 @@ RECIPES = {"8B": "llama3_8b", "70B": "llama3_70b", "405B": "llama3_405b"}
 """torchtitan 0.3.0's config_registry function of each llama3 flavor"""
 
 
-def export(plan: dict, fmt: str = "py") -> str:
-    v = read(plan)
+def export(plan: dict, v: PlanView, fmt: str = "py") -> str:
     sections = v02.job_config(v, head="lm_head")  # every check and refusal of the job, shared with 0.2
     model = sections.pop("model")
     checkpoint = sections.pop("activation_checkpoint")
