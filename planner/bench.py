@@ -15,6 +15,7 @@ from planner.planning import SUPPORTED, make_plan, sweep
 from planner.search.driver import search
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
+from planner.spec.pools import MixedCluster
 from planner.spec.training import TrainingSetup, parse_gpu_counts
 
 # (name, model, cluster, GPUs (a count or a range), global batch, sequence length)
@@ -23,7 +24,10 @@ SCENARIOS = (
     ("gpt3-175b / 1536 x A100-80G", "gpt3-175b", "dgx-a100-80g", "1536", 1536, 2048),
     ("llama3-70b / 64-1024 x H100", "llama3-70b", "dgx-h100", "64-1024", 1024, 8192),
     ("deepseek-v3 / 2048 x H100", "deepseek-v3", "dgx-h100", "2048", 4096, 4096),
+    ("llama3-70b / 32 H100 + 64 A100-80G", "llama3-70b", "h100-plus-a100", "96", 384, 4096),
 )
+"""the mixed scenario is issue 15's bench mix (hardware/clusters/h100-plus-a100.yaml): its search
+is each pool's (planning.plan_on_pools)"""
 TARGET_S = 1.0
 DEPTHS = (1250, 2500, 5000, 10000)
 """the depth ladder: a GPT-style decoder of that many layers (depth_model) on 1,024 H100s, global
@@ -94,7 +98,7 @@ def measure(args: str) -> None:
     cluster = load_cluster(cluster_ref)
     counts = parse_gpu_counts(gpus, cluster.gpus_per_node)
     start = time.perf_counter()
-    if len(counts) == 1 and runtime == SUPPORTED:
+    if len(counts) == 1 and (runtime == SUPPORTED or isinstance(cluster, MixedCluster)):
         try:
             doc = make_plan(model, cluster, gpus=counts[0], global_batch=global_batch, seq_len=seq_len,
                             precision="bf16", attention="flash", runtime=runtime, constraints={})

@@ -315,6 +315,21 @@ def diminishing_return_gpus(rows: list[dict], ratio: float = 1.2) -> int | None:
 SCHEMA = "planner.forecast/v1"
 
 
+def _ran_on(cluster, plan: dict):
+    """The plain cluster a plan runs on: the cluster itself, or the pool of a mixed cluster that
+    the plan uses (planning.plan_on_pools)."""
+    pools = getattr(cluster, "pools", None)
+    if pools is None:
+        return cluster
+    used = next(e["name"] for e in plan["pools"] if e["used_gpus"])
+    return next(p.cluster for p in pools if p.name == used)
+
+
+def _gpu_name(cluster) -> str:
+    pools = getattr(cluster, "pools", None)
+    return cluster.gpu.name if pools is None else "+".join(p.cluster.gpu.name for p in pools)
+
+
 def forecast_document(model, clusters: list, gpus: str, global_batches: list[int], seq_len: int | None,
                       precision: str, attention: str, runtime: str, inputs: RunInputs,
                       memory_headroom: float, progress=None, schedule: list[Phase] | None = None,
@@ -364,16 +379,17 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
                 if missing:
                     (batch, seq, _), e = missing[0]
                     why = e["infeasible"] if len(phases) == 1 else f"phase {batch}x{seq}: {e['infeasible']}"
-                    row = {"cluster": cluster.name, "gpu": cluster.gpu.name, "gpus": n, "global_batch": phases[-1][0],
-                           "infeasible": why}
+                    row = {"cluster": cluster.name, "gpu": _gpu_name(cluster), "gpus": n,
+                           "global_batch": phases[-1][0], "infeasible": why}
                 else:
+                    ran = _ran_on(cluster, found[-1]["plan"])
                     try:
                         row = forecast_row([(e["plan"], ph[2]) for ph, e in zip(phases, found)], params,
-                                           cluster.gpus_per_node, cluster.gpu.tdp_w, inputs,
-                                           cluster.price_per_gpu_hour, cluster.pue)
+                                           ran.gpus_per_node, ran.gpu.tdp_w, inputs, ran.price_per_gpu_hour, ran.pue)
+                        row["cluster"] = cluster.name  # a mixed cluster's row: its name, the pool's GPU
                         series.append(row)
                     except InfeasibleError as e:
-                        row = {"cluster": cluster.name, "gpu": cluster.gpu.name, "gpus": n,
+                        row = {"cluster": cluster.name, "gpu": ran.gpu.name, "gpus": n,
                                "global_batch": phases[-1][0], "infeasible": str(e)}
                 rows.append(row)
             knee = diminishing_return_gpus(series)

@@ -17,6 +17,7 @@ from planner.search.space import TIE_TOLERANCE, conventional_reason, strategy_co
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
+from planner.spec.pools import MixedCluster, check_gpus
 from planner.spec.training import DEFAULT_HEADROOM, MoeOptions, TrainingSetup, check_gpu_count, resolve_strategy
 from planner.units import bytes_to_gib
 
@@ -94,6 +95,9 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     strategy its record refuses: SpecError), or with SUPPORTED as the fastest of the TARGETS that
     run it (none does: priced in the ideal space, with a note saying why). Experts keep the dense
     tp (Megatron's default) unless asked to fold, or unless only folded experts run the strategy."""
+    if isinstance(cluster, MixedCluster):
+        raise SpecError(f"cluster {cluster.name} is mixed ({cluster.describe()}): estimate prices one strategy on one "
+                        "kind of GPU; name one pool's cluster (plan searches the pools)")
     union = runtime == SUPPORTED
     priced, refused = [], []
     for name in _space_names(model, runtime):
@@ -151,7 +155,13 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
     note). InfeasibleError when nothing fits, SpecError when no legal strategy satisfies the
     request; `found`: {runtime: the search's bounds}, computed beforehand. Without `per_runtime`
     (and with top 0) each runtime's search prunes at the best step found so far, so the plan is
-    the same but its best_per_runtime is left out (forecast sweeps)."""
+    the same but its best_per_runtime is left out (forecast sweeps). A mixed cluster
+    (spec/pools.MixedCluster) is planned by plan_on_pools."""
+    if isinstance(cluster, MixedCluster):
+        return plan_on_pools(model, cluster, gpus, global_batch=global_batch, seq_len=seq_len, precision=precision,
+                             attention=attention, runtime=runtime, constraints=constraints, solver=solver,
+                             time_limit_s=time_limit_s, top=top, progress=progress, memory_headroom=memory_headroom,
+                             moe=moe, per_runtime=per_runtime)
     union, built = runtime == SUPPORTED, builds(model)
     names = _space_names(model, runtime)
     searched, refused = {}, {}
@@ -371,6 +381,53 @@ def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> di
             "fresh": fresh}
 
 
+def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request) -> dict:
+    """The plan on a mixed cluster, in this version on one pool: each pool alone with as many of
+    the `gpus` as it holds (make_plan on its plain cluster), the fastest of those plans, ties to
+    the earlier pool. The document is that pool's plan (inputs.cluster its cluster, so check,
+    diff and export read it as any plan), with `pools` listing every pool, the GPUs the plan
+    uses of it and the step time it reaches alone (or why it has none), and a note naming the
+    pools left idle. Strategies over several pools at once (stages or replicas per pool) are
+    not searched yet. The error of the first pool when no pool has a plan."""
+    from planner.errors import PlannerError
+
+    check_gpus(cluster, gpus)
+    plans, entries, first_error = [], [], None
+    for pool in cluster.pools:
+        entry = {"name": pool.name, "cluster": pool.cluster.name, "gpu": pool.cluster.gpu.name, "gpus": pool.gpus}
+        try:
+            doc = make_plan(model, pool.cluster, min(gpus, pool.gpus), **request)
+            plans.append((doc["prediction"]["step_time_s"], len(plans), pool, doc))
+            entry["step_time_s"] = doc["prediction"]["step_time_s"]
+        except PlannerError as e:
+            first_error = first_error or e
+            entry["why_not"] = str(e)
+        entries.append(entry)
+    if not plans:
+        raise type(first_error)(f"no pool of {cluster.name} has a plan on its own; "
+                                + "; ".join(f"{e['name']}: {e['why_not']}" for e in entries))
+    _, _, chosen, doc = min(plans, key=lambda p: p[:2])
+    # the choice is proven where every pool's search was; the counts add up over the pools
+    searches = [d["search"] for *_, d in plans]
+    doc["search"] = {k: (all(s[k] for s in searches) if k == "proven_optimal" else sum(s[k] for s in searches))
+                     for k in doc["search"]}
+    used = doc["inputs"]["training"]["gpus"]
+    for entry in entries:
+        entry["used_gpus"] = used if entry["name"] == chosen.name else 0
+    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "step_time_s", "why_not")
+                     if k in e} for e in entries]
+    idle = [e for e in entries if not e["used_gpus"]]
+    if idle or used < gpus:
+        doc["notes"].append(
+            f"mixed cluster {cluster.name} ({cluster.describe()}): the plan runs on pool {chosen.name} alone "
+            f"({used} of the {gpus} GPUs asked for)"
+            + ("; idle: " + ", ".join(f"{e['name']} ({e['gpus']} x {e['gpu']}"
+                                      + (f", {e['step_time_s']:.4g} s alone)" if "step_time_s" in e else ", no plan)")
+                                      for e in idle) if idle else "")
+            + ". Strategies over several pools at once are not searched yet.")
+    return doc
+
+
 def _sweep_entry(request: dict, gpus: int, found=None) -> dict:
     from planner.errors import PlannerError
     try:
@@ -386,6 +443,8 @@ def _sweep_chunk(request: dict, counts: list[int]) -> list[dict]:
     from planner.search.driver import bound_sweep
 
     r, found = request, {n: {} for n in counts}
+    if isinstance(r["cluster"], MixedCluster):  # each count planned pool by pool (plan_on_pools)
+        return [_sweep_entry(request, n) for n in counts]
     for name in _space_names(r["model"], r["runtime"]):
         setups = {}
         for n in counts:

@@ -144,6 +144,8 @@ def plan_table(plan: dict) -> None:
         stages.add_row(str(st["index"]), layers, str(st["recompute_layers"]), _fmt_s(st["time_per_microbatch_s"]),
                        f"{st['memory_gib']:.1f}")
     err.print(stages)
+    if plan.get("pools"):
+        pools_table(plan)
     if plan["alternatives"]:
         alt = Table(title="runners-up", title_justify="left")
         with_runtime = any("runtime" in a for a in plan["alternatives"])
@@ -161,6 +163,24 @@ def plan_table(plan: dict) -> None:
                   + ("proven optimal in this space" if s["proven_optimal"] else "[yellow]not proven optimal[/yellow]"))
 
 
+def pools_table(plan: dict) -> None:
+    """A mixed cluster's pools: GPUs, the GPUs the plan uses, and each pool's best step alone."""
+    t = Table(title="pools", title_justify="left")
+    for col in ("pool", "GPU", "GPUs", "used", "alone"):
+        t.add_column(col, justify="left" if col in ("pool", "GPU", "alone") else "right")
+    for p in plan["pools"]:
+        alone = _fmt_s(p["step_time_s"]) if "step_time_s" in p else f"[red]{esc(p['why_not'])}[/red]"
+        t.add_row(esc(p["name"]), esc(p["gpu"]), str(p["gpus"]), str(p["used_gpus"]) if p["used_gpus"] else "idle",
+                  alone)
+    err.print(t)
+
+
+def _gpus_used(entry: dict) -> str:
+    """A sweep entry's GPU count, and on a mixed cluster the GPUs and pool its plan runs on."""
+    used = [p for p in entry["plan"].get("pools", []) if p["used_gpus"]]
+    return str(entry["gpus"]) + (f" ({used[0]['used_gpus']} {used[0]['name']})" if used else "")
+
+
 def sweep_table(doc: dict) -> None:
     t = Table(title="plans per GPU count", title_justify="left")
     for col in ("GPUs", "step time", "tokens/s", "MFU", "memory GiB", "runtime", "strategy"):
@@ -170,7 +190,7 @@ def sweep_table(doc: dict) -> None:
             t.add_row(str(e["gpus"]), "-", "-", "-", "-", "-", f"[red]{esc(e['infeasible'])}[/red]")
             continue
         pr = e["plan"]["prediction"]
-        t.add_row(str(e["gpus"]), _fmt_s(pr["step_time_s"]), f"{pr['tokens_per_s']:,.0f}", f"{pr['mfu'] * 100:.1f} %",
+        t.add_row(_gpus_used(e), _fmt_s(pr["step_time_s"]), f"{pr['tokens_per_s']:,.0f}", f"{pr['mfu'] * 100:.1f} %",
                   f"{pr['peak_memory_gib']:.1f}", esc(e["plan"]["inputs"]["training"]["runtime"]),
                   esc(_knobs(e["plan"]["strategy"])))
     err.print(t)

@@ -77,6 +77,9 @@ def load_runs(path: Path | None = None) -> list[Run]:
         ref = f.raw("cluster")
         if isinstance(ref, str):
             cluster = clusters.setdefault(ref, load_cluster(ref))
+            if not isinstance(cluster, Cluster):
+                raise f.error("cluster", f"{ref!r} is a mixed cluster; a published run names the one kind of GPU "
+                                         "it ran on")
         else:
             cluster = Cluster.from_dict(ref, f"{path}: {run_id}.cluster")
         runtime = f.choice("runtime", RUN_RUNTIMES, "other")

@@ -76,6 +76,10 @@ INPUTS = _obj({**_INPUTS, "runtimes": {"type": "array", "items": _STR}}, require
 old default's space)"""
 _ALTERNATIVE = {"strategy": STRATEGY, "step_time_s": _NUM, "peak_memory_gib": _NUM, "why_not": _STR}
 ALTERNATIVE = _obj({**_ALTERNATIVE, "runtime": _STR}, required=list(_ALTERNATIVE))
+POOL = _obj({"name": _STR, "cluster": _STR, "gpu": _STR, "gpus": _INT, "used_gpus": {"type": "integer", "minimum": 0},
+             "step_time_s": _NUM, "why_not": _STR}, required=["name", "cluster", "gpu", "gpus", "used_gpus"])
+"""one pool of a mixed cluster: its GPUs, how many the plan uses, and the best step time it
+reaches alone (or why it has no plan)"""
 PER_RUNTIME = _obj({"runtime": _STR, "step_time_s": _NUM, "strategy": STRATEGY, "why_not": _STR},
                    required=["runtime"])
 """one runtime's best plan in a search over several (a strategy summary and its step time), or
@@ -107,7 +111,7 @@ def _plan(version: str, inputs: dict, prediction: dict, extra: dict) -> dict:
 
 PLAN_SCHEMA = _plan("v2", INPUTS, PREDICTION, {"runnable_on": {"type": "array", "items": RUNNABLE},
                                               "best_per_runtime": {"type": "array", "items": PER_RUNTIME},
-                                              "pools": {"type": "array", "items": {"type": "object"}}})
+                                              "pools": {"type": "array", "items": POOL}})
 PLAN_SCHEMA_V1 = _plan("v1", _obj({"model": {"type": "object"}, "cluster": {"type": "object"},
                                    "training": _obj(_TRAINING), "constraints": {"type": "object"},
                                    "solver": _SOLVER, "sha256": _STR}),

@@ -12,6 +12,7 @@ import math
 import subprocess
 
 import pytest
+import yaml
 from conftest import REPO, one_error_line, run
 
 from planner.cost.step import model_flops_per_sequence
@@ -300,11 +301,23 @@ def test_hardware_lists_gpus_and_clusters():
     assert "h100-sxm-80g" in gpus and "dgx-h100" in clusters
 
 
-@pytest.mark.parametrize("cluster", sorted(p.stem for p in (REPO / "hardware" / "clusters").glob("*.yaml")))
+CLUSTER_PRESETS = sorted(p.stem for p in (REPO / "hardware" / "clusters").glob("*.yaml"))
+MIXED_PRESETS = [name for name in CLUSTER_PRESETS
+                 if "pools" in yaml.safe_load((REPO / "hardware" / "clusters" / f"{name}.yaml").read_text())]
+
+
+@pytest.mark.parametrize("cluster", [name for name in CLUSTER_PRESETS if name not in MIXED_PRESETS])
 def test_every_listed_cluster_prices_an_estimate(cluster):
     result = run("estimate", "-m", "llama3-8b", "-c", cluster, "--gpus", "8", "--global-batch", "8", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["inputs"]["cluster"]["name"] == cluster
+
+
+@pytest.mark.parametrize("cluster", MIXED_PRESETS)
+def test_every_listed_mixed_cluster_plans_on_its_pools(cluster):
+    result = run("plan", "-m", "llama3-8b", "-c", cluster, "--gpus", "8", "--global-batch", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    assert [p["used_gpus"] > 0 for p in json.loads(result.stdout)["pools"]].count(True) == 1
 
 
 # --- validate and calibrate --------------------------------------------------------------------

@@ -220,9 +220,13 @@ def derated(data: dict, where: str, seen: tuple[str, ...]) -> dict:
     return merged
 
 
-def load_cluster(ref: str) -> Cluster:
-    """A preset name under hardware/clusters/ or a path to a cluster YAML."""
+def load_cluster(ref: str):
+    """A preset name under hardware/clusters/ or a path to a cluster YAML: a Cluster, or a
+    spec/pools.MixedCluster where the spec lists `pools:`."""
     path = resolve(ref, "hardware/clusters", "cluster")
     data = load_mapping(path)
     data.setdefault("name", path.stem)
+    if "pools" in data:
+        from planner.spec.pools import mixed_from_dict
+        return mixed_from_dict(data, str(path))
     return Cluster.from_dict(data, str(path))
