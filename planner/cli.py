@@ -33,6 +33,9 @@ def _strategy_options(f):
         click.option("--dp-overlap/--no-dp-overlap", default=None),
         click.option("--schedule", type=click.Choice(["1f1b", "interleaved-1f1b"])),
         click.option("--order", help="rank order, innermost first (default tp-cp-ep-dp-pp)"),
+        click.option("--dp-shard", type=_DEGREE,
+                     help="hybrid sharding: ZeRO shards over groups of this many dp ranks, replicated across "
+                          "them (estimate only: the search does not explore it)"),
     ]
     for opt in reversed(opts):
         f = opt(f)

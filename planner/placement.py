@@ -325,6 +325,27 @@ def group_spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, gpus_pe
             _span(order, degrees, st, ("edp",), gpus_per_node), _span(order, degrees, st, ("cp", "dp"), gpus_per_node))
 
 
+@lru_cache(maxsize=4096)
+def hybrid_spans(order: str, tp: int, cp: int, dp: int, pp: int, shard: int, gpus_per_node: int) -> tuple[Span, Span]:
+    """(the slowest shard group, the slowest replica group) of hybrid sharding (Strategy.dp_shard):
+    a shard group is `shard` consecutive data-parallel indices with every cp index (the ranks ZeRO
+    shards over: torchtitan's dp_shard x cp FSDP mesh, a Megatron distributed-optimizer instance),
+    a replica group the dp / shard ranks that hold the same shard. Found by listing every rank's
+    coordinates (a plan prices one placement; the search does not enumerate dp_shard)."""
+    degrees = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+    st = strides(order, degrees)
+    ranks = list(range(tp * cp * dp * pp))
+    coord = {d: [(r // st[d]) % degrees[d] for r in ranks] for d in degrees}
+    shard_groups: dict = {}
+    replica_groups: dict = {}
+    for r in ranks:
+        t, c, i, p = coord["tp"][r], coord["cp"][r], coord["dp"][r], coord["pp"][r]
+        shard_groups.setdefault((t, p, i // shard), []).append(r)
+        replica_groups.setdefault((t, c, p, i % shard), []).append(r)
+    return (worst(span_of(g, gpus_per_node) for g in shard_groups.values()),
+            worst(span_of(g, gpus_per_node) for g in replica_groups.values()))
+
+
 def tiers(order: str, degrees: dict[str, int], gpus_per_node: int) -> dict[str, str]:
     """Link tier each parallel group uses (groups of size 1 are left out)."""
     out = {}

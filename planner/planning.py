@@ -157,6 +157,9 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
     (and with top 0) each runtime's search prunes at the best step found so far, so the plan is
     the same but its best_per_runtime is left out (forecast sweeps). A mixed cluster
     (spec/pools.MixedCluster) is planned by plan_on_pools."""
+    if constraints.get("dp_shard"):
+        raise SpecError("--dp-shard: the search does not explore hybrid sharding yet; price a strategy with it by "
+                        "`planner estimate`")
     if isinstance(cluster, MixedCluster):
         return plan_on_pools(model, cluster, gpus, global_batch=global_batch, seq_len=seq_len, precision=precision,
                              attention=attention, runtime=runtime, constraints=constraints, solver=solver,

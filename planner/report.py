@@ -129,7 +129,9 @@ class progress:
 def _knobs(st: dict) -> str:
     rec = st["recompute"] + (f" ({st['recompute_layers']} layers/stage)" if "recompute_layers" in st else "")
     return (f"dp {st['dp']} tp {st['tp']} pp {st['pp']} cp {st['cp']} ep {st['ep']} vpp {st['vpp']} | "
-            f"micro-batch {st['micro_batch']} x {st['num_microbatches']} | zero {st['zero']} | recompute {rec} | "
+            f"micro-batch {st['micro_batch']} x {st['num_microbatches']} | zero {st['zero']}"
+            + (f" over {st['dp_shard']} (hybrid, {st['dp'] // st['dp_shard']} replicas)" if st.get("dp_shard") else "")
+            + f" | recompute {rec} | "
             f"SP {'on' if st['sequence_parallel'] else 'off'} | {st['schedule']}")
 
 

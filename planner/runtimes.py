@@ -126,6 +126,11 @@ class RuntimeRules:
     moe_folding: bool = False
     """runs expert layers with their own tensor parallelism of 1 beside the dense tp (MoE parallel
     folding: megatron-core's expert_tensor_parallel_size, --expert-tensor-parallel-size 1)"""
+    hybrid_zero: tuple[int, ...] = ()
+    """the ZeRO stages it runs with hybrid sharding (Strategy.dp_shard: states sharded over
+    groups of dp_shard data-parallel ranks, replicated across them): megatron ZeRO-1 with
+    --num-distributed-optimizer-instances; torchtitan FSDP2 (ZeRO-3) with data_parallel_replicate
+    x data_parallel_shard. The search does not enumerate dp_shard; estimate prices it"""
     ep_overlap: bool = False
     """can overlap the expert all-to-alls of one micro-batch with the computation of another
     (Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm; priced by
@@ -153,6 +158,9 @@ class RuntimeRules:
             return f"ZeRO {s.zero}{where} (it runs {zeros})"
         if self.replicate_alone and s.zero == 0 and not s.tp == s.pp == s.cp == 1:
             return "plain replication (ZeRO 0) beside other parallelism"
+        if s.dp_shard and s.zero not in self.hybrid_zero:
+            return (f"hybrid sharding (dp_shard {s.dp_shard}) with ZeRO {s.zero}"
+                    + (f" (it shards in groups with ZeRO {self.hybrid_zero})" if self.hybrid_zero else ""))
         if s.cp > 1 and not self.context_parallel:
             return f"context parallelism (cp {s.cp})"
         if s.ep > 1 and not self.expert_parallel:
@@ -212,14 +220,17 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
     "ideal": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True,
                           "the ideal space: no runtime's restrictions (for what-if analysis; no runtime may run "
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
-                          ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True),
+                          ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3)),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
                              tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                              # validate_args: "Expert parallelism is not supported with fp16 training."
                              ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True,
-                             moe_folding=True, ends_accounted=True),
+                             moe_folding=True, ends_accounted=True,
+                             # --num-distributed-optimizer-instances (megatron-core parallel_state:
+                             # intra-partial groups of dp*cp/instances consecutive dp-cp ranks)
+                             hybrid_zero=(1,)),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, layers split evenly (pp divides them), activation checkpointing of "
@@ -232,7 +243,10 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                "torchtitan 0.3.0 (0.2.x: torchtitan@0.2): FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
                                orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8"),
-                               models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0),
+                               models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0,
+                               # data_parallel_replicate_degree x data_parallel_shard_degree (HSDP;
+                               # ParallelDims mesh pp, dp_replicate, dp_shard, cp, tp)
+                               hybrid_zero=(3,)),
 }
 # Runtimes that published runs ran on but that the search does not target (a version, or a
 # setting, of a target; or a runtime described only by its kernels and loss): what the cost

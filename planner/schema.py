@@ -9,7 +9,8 @@ optional keys that later features fill: runnable_on (the runtimes that execute t
 pools (mixed clusters). A v1 plan lacks the first three; diff, check, export and ranks read it.
 Later optional v2 keys: inputs.runtimes, alternatives[].runtime and best_per_runtime (a search
 over the union of several runtimes' spaces, the default), and training.runtime 'ideal' (the
-old 'any', still read as 'ideal'), and inputs.training.ep_overlap and moe_folding.
+old 'any', still read as 'ideal'), inputs.training.ep_overlap and moe_folding, and
+strategy.dp_shard (hybrid sharding, only where set).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ STRATEGY = _obj({
     "recompute_layers": {"type": "integer", "minimum": 0},
     "sequence_parallel": _BOOL, "dp_overlap": _BOOL,
     "schedule": {"type": "string", "enum": ["1f1b", "interleaved-1f1b"]},
+    "dp_shard": _INT,
 }, required=["dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "num_microbatches", "zero", "recompute",
              "sequence_parallel", "dp_overlap", "schedule"])
 

@@ -184,7 +184,7 @@ def check_torchtitan_03(plan: dict) -> None:
     got = _Torchtitan03.load(export(plan, "torchtitan"), tr["gpus"])
     assert "error" not in got, got["error"]
     assert (got["tp"], got["pp"], got["cp"], got["dp"]) == (s["tp"], s["pp"], s["cp"], s["dp"])
-    assert got["dp_shard"] == (s["dp"] if s["zero"] == 3 else 1)
+    assert got["dp_shard"] == ((s.get("dp_shard") or s["dp"]) if s["zero"] == 3 else 1)
     local = s["micro_batch"] * (s["num_microbatches"] if s["pp"] > 1 else 1)
     assert (got["local_batch"], got["global_batch"], got["seq_len"]) == (local, tr["global_batch"], tr["seq_len"])
     assert got["checkpoint"] == TORCHTITAN_03_CHECKPOINTS[s["recompute"]]

@@ -27,7 +27,7 @@ from planner.graph import (
     head_work,
     layer_work,
 )
-from planner.placement import GROUPS, Span, expert_degrees, group_spans, tiers
+from planner.placement import GROUPS, Span, expert_degrees, group_spans, hybrid_spans, tiers
 from planner.runtimes import RUNTIME_RULES, attention_kernel, tp_overlap
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
@@ -252,6 +252,8 @@ LAYER_ROWS = (*_PREFIX_KEYS, "rec_b", "rec_f", "saved_b", "saved_f", "main_b", "
 def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strategy) -> Profile:
     g = min(cluster.gpus_per_node, setup.gpus)
     spans = dict(zip(GROUPS, group_spans(s.order, s.tp, s.cp, s.dp, s.pp, s.ep, g, setup.expert_tp(s.tp, model))))
+    if s.dp_shard:  # ZeRO's collectives run over the shard groups, the gradients' all-reduce across replicas
+        spans["dpcp"], spans["replica"] = hybrid_spans(s.order, s.tp, s.cp, s.dp, s.pp, s.dp_shard, g)
     tables = context_tables(model, cluster, setup, s.tp, s.cp, s.ep, s.micro_batch, s.sequence_parallel,
                             s.recompute, spans)
     ends = tables.ends
@@ -263,11 +265,17 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
                    zero=RUNTIME_RULES[setup.runtime].priced_zero(s.zero, s.pp))
 
 
-def state_shards(dp: int, cp: int, ep: int, fold: int = 1) -> tuple[int, int]:
-    """The ranks ZeRO shards a stage's states over: dp*cp for dense parameters, the expert
-    data-parallel group dp*cp*fold/ep for experts (fold: tp over the experts' tp, tp when
-    folded, else 1)."""
-    return dp * cp, max(1, dp * cp * fold // ep)
+def state_shards(dp: int, cp: int, ep: int, fold: int = 1, shard: int = 0) -> tuple[int, int]:
+    """The ranks ZeRO shards a stage's states over: dp*cp for dense parameters (shard*cp under
+    hybrid sharding, Strategy.dp_shard), the expert data-parallel group dp*cp*fold/ep for experts
+    (fold: tp over the experts' tp, tp when folded, else 1)."""
+    return (shard or dp) * cp, max(1, dp * cp * fold // ep)
+
+
+def replica_share(s: Strategy) -> float:
+    """Under hybrid sharding, the share of a stage's dense gradients each rank all-reduces across
+    the replicas after reducing them over its shard group: 1 / (dp_shard * cp); 0 without."""
+    return 1.0 / (s.dp_shard * s.cp) if s.dp_shard else 0.0
 
 
 def expert_fold(model: ModelSpec, setup: TrainingSetup, tp: int) -> int:
@@ -282,7 +290,8 @@ def pricing_key(prof: Profile) -> tuple:
     a key when their layer prices come out equal, e.g. cp and micro-batch scaled together with
     dp*cp fixed (tests/test_search.py shows such ties)."""
     s = prof.strategy
-    return (s.pp, s.vpp, s.tp, prof.zero, s.dp_overlap, *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp)),
+    return (s.pp, s.vpp, s.tp, prof.zero, s.dp_overlap, prof.spans.get("replica"),
+            *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard),
             s.recompute,
             s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.p2p_s, prof.transient_bytes,
             prof.prefetch_bytes, prof.spans["dpcp"], prof.spans["edp"], tuple(sorted(prof.ends.items())),
@@ -443,13 +452,14 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
 
     z = 0.0
     if prof.zero >= 2:
-        per_mb = zero_traffic_s(coll, prof.zero, prof.grad_bytes, dense, sums["expert"])
+        per_mb = zero_traffic_s(coll, prof.zero, prof.grad_bytes, dense, sums["expert"], replica_share(s))
         z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
     t = before_zero + z
-    shards, eshards = state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp))
+    shards, eshards = state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard)
     # recomputation runs inside backward and hides traffic too
     exposed, opt = stage_tail_s(coll, prof.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
-                                sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster)
+                                sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster,
+                                replica_share(s))
 
     if paper_accounting:
         gemm_w = sums["gemm_w"] / s.tp
@@ -534,7 +544,8 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
     """stage_memory of stage i: its micro-batches in flight, and the rebuild buffer when it
     recomputes a layer fully."""
     s = prof.strategy
-    return stage_memory(prof.zero, dense, sums["expert"], *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp)),
+    return stage_memory(prof.zero, dense, sums["expert"],
+                        *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard),
                         pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
                         prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes)
 
@@ -561,13 +572,17 @@ def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_sa
     return wd + we, gd + ge, od + oe, acts, memory.other_bytes(acts, memory.from_stage(zero, 3, prefetch_bytes, 0.0))
 
 
-def zero_traffic_s(coll, zero, grad_bytes: int, dense, expert):
+def zero_traffic_s(coll, zero, grad_bytes: int, dense, expert, replicas: float = 0.0):
     """ZeRO-2/3 collectives of one micro-batch over a stage's parameters: ZeRO-2 reduce-scatters
     every micro-batch's gradients, ZeRO-3 also gathers the weights for forward and backward;
-    over the dp*cp group for dense parameters and the expert data-parallel group for experts.
-    coll(kind, bytes, 'dpcp' | 'edp') prices one collective; zero and the sizes may be arrays."""
+    over the dp*cp group for dense parameters (its shard group under hybrid sharding) and the
+    expert data-parallel group for experts. Under hybrid sharding each rank then all-reduces
+    its share `replicas` (replica_share) of the dense gradients across the replicas, as FSDP2's
+    HSDP does after every reduce-scatter. coll(kind, bytes, 'dpcp' | 'edp' | 'replica') prices
+    one collective; zero and the sizes may be arrays."""
     def out():
-        return coll("reduce_scatter", grad_bytes * dense, "dpcp") + coll("reduce_scatter", grad_bytes * expert, "edp")
+        t = coll("reduce_scatter", grad_bytes * dense, "dpcp") + coll("reduce_scatter", grad_bytes * expert, "edp")
+        return t + coll("all_reduce", grad_bytes * dense * replicas, "replica") if replicas else t
 
     def gather():
         return (2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp")
@@ -590,21 +605,26 @@ def _by_zero(zero, *cases):
 
 
 def stage_tail_s(coll, zero, grad_bytes: int, dense, expert, fwd_s, bwd_s, stage, dp_overlap: bool, shards,
-                 eshards, cluster: Cluster):
+                 eshards, cluster: Cluster, replicas: float = 0.0):
     """(exposed data-parallel time, optimizer time) a stage adds after the pipeline drains: the
     gradient reduction (all-reduce with ZeRO-0, reduce-scatter with ZeRO-1), the parameter
     all-gather after the distributed optimizer (ZeRO-1/2), then the optimizer step over the
     stage's shard. Stage i finishes its last backward i micro-batches after the last stage, so
     the reduction hides behind (dp_overlap_fraction + i) of its backward (`bwd_s`, with its
     recomputation) and the gather behind a fraction of the forward. coll as in zero_traffic_s;
-    every argument may be an array."""
+    every argument may be an array. Under hybrid sharding (`replicas`, the replica_share of the
+    dense gradients) ZeRO-1's reduce-scatter over the shard group is followed by the all-reduce
+    of that share across the replicas (Megatron's distributed optimizer instances)."""
     eff = cluster.efficiency
 
     def both(kind, n_bytes):
         return coll(kind, n_bytes * dense, "dpcp") + coll(kind, n_bytes * expert, "edp")
 
-    grad = _by_zero(zero, ((0,), lambda: both("all_reduce", grad_bytes)),
-                    ((1,), lambda: both("reduce_scatter", grad_bytes)))
+    def scatter():
+        t = both("reduce_scatter", grad_bytes)
+        return t + coll("all_reduce", grad_bytes * dense * replicas, "replica") if replicas else t
+
+    grad = _by_zero(zero, ((0,), lambda: both("all_reduce", grad_bytes)), ((1,), scatter))
     gather = _by_zero(zero, ((1, 2), lambda: both("all_gather", memory.WEIGHT_BYTES)))
     if dp_overlap:
         exposed = (np.maximum(0.0, grad - reduction_hiding(cluster, stage, dp_overlap) * bwd_s)

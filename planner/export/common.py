@@ -66,6 +66,8 @@ class PlanView:
     """expert all-to-alls overlapped with another micro-batch's computation (TrainingSetup.ep_overlap)"""
     moe_folding: bool = False
     """expert layers without tensor parallelism (TrainingSetup.moe_folding)"""
+    dp_shard: int = 0
+    """hybrid sharding's shard group of data-parallel ranks (Strategy.dp_shard; 0: all of dp)"""
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
@@ -122,7 +124,8 @@ def read(plan: dict) -> PlanView:
                     dispatcher=dispatcher(record_name(training.get("runtime", "ideal")),
                                           training.get("moe_dispatcher", "")),
                     ep_overlap=training.get("ep_overlap", False) is True,
-                    moe_folding=training.get("moe_folding", False) is True, **t, **s)
+                    moe_folding=training.get("moe_folding", False) is True,
+                    dp_shard=int(strategy.get("dp_shard", 0)), **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:
@@ -179,7 +182,7 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
     from planner.spec.training import Strategy
     s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
                  recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
-                 schedule=v.schedule, order=v.order)
+                 schedule=v.schedule, order=v.order, dp_shard=v.dp_shard)
     why = RUNTIME_RULES[record].refusal(s, v.model, v.tp if v.moe_folding else 1)
     if not why and v.ep > 1 and v.dispatcher not in RUNTIME_RULES[record].ep_dispatchers:
         why = (f"the {v.dispatcher} MoE dispatcher the plan was priced with (it moves tokens with "

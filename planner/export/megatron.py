@@ -249,6 +249,8 @@ def _optimizer(v: PlanView) -> list[Arg]:
     require(v.zero <= 1, RUNTIME, "has no ZeRO-2/3 (its distributed optimizer shards optimizer states only)",
             f"zero {v.zero}")
     args: list[Arg] = [("--use-distributed-optimizer", None)] if v.zero == 1 else []
+    if v.dp_shard:  # hybrid sharding: dp / dp_shard optimizer instances, each over dp_shard x cp ranks
+        args += [("--num-distributed-optimizer-instances", v.dp // v.dp_shard)]
     if v.dp_overlap:
         args += [("--overlap-grad-reduce", None)]
         if v.zero == 1:

@@ -3,7 +3,8 @@
 Key names are those of torchtitan/config/job_config.py in the torchtitan 0.2.0 and 0.2.2 wheels
 (identical for every key written here); the config manager rejects unknown keys. Mapping:
 - ZeRO-3 is FSDP2 over dp (data_parallel_shard_degree = dp, replicate 1, resharding after every
-  forward as the plan prices it); ZeRO-0 is DDP (replicate = dp, shard 1);
+  forward as the plan prices it), or over dp_shard under hybrid sharding (HSDP: replicate =
+  dp / dp_shard); ZeRO-0 is DDP (replicate = dp, shard 1);
 - the pipeline split is written out: in the TOML as module_fqns_per_model_part (torchtitan's
   decoder models name their modules tok_embeddings, layers.N, norm, output); on the command line
   as the split knobs (pipeline_parallel_first/last_stage_less_layers, layers_per_stage) whose
@@ -77,7 +78,7 @@ def job_config(v: PlanView, cli: bool = False, head: str = "output") -> dict[str
     check_precision(v, RUNTIME, "torchtitan")
     check_rank_order(v, RUNTIME, ("tp-cp-ep-dp-pp",))
     recompute = single_recompute_policy(v, RUNTIME)
-    shard = v.dp if v.zero == 3 else 1
+    shard = (v.dp_shard or v.dp) if v.zero == 3 else 1  # hybrid sharding: replicate x shard (HSDP)
     shipped = shipped_model("torchtitan", v.model)
     require(shipped is not None, RUNTIME, f"builds only the models it ships ({shipped_names('torchtitan')})",
             f"{v.model.name}, none of them")

@@ -137,6 +137,11 @@ class Strategy:
     dp_overlap: bool = True
     schedule: Schedule = "1f1b"
     order: str = "tp-cp-ep-dp-pp"
+    dp_shard: int = 0
+    """hybrid sharding: ZeRO shards the states over groups of dp_shard consecutive data-parallel
+    ranks (times cp) and replicates them across the dp / dp_shard groups, which all-reduce their
+    gradient shards (torchtitan's data_parallel_shard_degree beside data_parallel_replicate_degree,
+    Megatron's --num-distributed-optimizer-instances); 0: over all of dp"""
 
     def num_microbatches(self, global_batch: int) -> int:
         return global_batch // (self.dp * self.micro_batch)
@@ -146,6 +151,8 @@ class Strategy:
         d["num_microbatches"] = self.num_microbatches(global_batch)
         if d["recompute_layers"] is None:
             del d["recompute_layers"]
+        if not d["dp_shard"]:
+            del d["dp_shard"]
         del d["order"]
         return d
 
@@ -181,6 +188,14 @@ def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
         problems.append(f"global batch ({setup.global_batch}) must be divisible by dp*micro_batch ({s.dp}*{s.micro_batch})")
     if s.zero not in (0, 1, 2, 3):
         problems.append(f"zero ({s.zero}) must be 0, 1, 2 or 3")
+    if s.dp_shard:
+        if not 1 < s.dp_shard < s.dp or s.dp % s.dp_shard:
+            problems.append(f"dp_shard ({s.dp_shard}) must divide dp ({s.dp}) and lie strictly between 1 and dp")
+        if s.zero == 0:
+            problems.append("dp_shard needs a ZeRO stage >= 1 (ZeRO-0 shards nothing)")
+        if model.moe is not None:
+            problems.append(f"dp_shard with experts ({model.name}) is not priced: expert states shard over their own "
+                            "data-parallel group")
     if s.recompute not in RECOMPUTES:
         problems.append(f"recompute ({s.recompute}) must be one of {', '.join(RECOMPUTES)}")
     if s.recompute_layers is not None and s.recompute != "full":
@@ -227,7 +242,7 @@ def check_strategy(s: Strategy, model, setup: TrainingSetup) -> None:
 
 
 STRATEGY_KNOBS = ("dp", "tp", "pp", "cp", "ep", "vpp", "micro_batch", "zero", "recompute", "recompute_layers",
-                  "sequence_parallel", "dp_overlap", "schedule", "order")
+                  "sequence_parallel", "dp_overlap", "schedule", "order", "dp_shard")
 
 
 def resolve_strategy(fixed: dict, setup: TrainingSetup) -> Strategy:
