@@ -99,18 +99,19 @@ small_int = st.one_of(st.integers(-3, 70).map(str), junk)
 def command_lines(draw):
     """A command line a user might type: every value plausible, except (in most examples) one
     field replaced by junk, so that both the deep paths and the edges are reached."""
-    fields = {"-m": st.sampled_from(MODELS), "-c": st.sampled_from(CLUSTERS[:4]),
+    fields = {"-m": st.sampled_from(MODELS), "-c": st.sampled_from((*CLUSTERS[:4], "h100-plus-a100")),
               "--gpus": st.sampled_from(["8", "16", "64", "8,16", "8-32", "128"]),
               "--global-batch": st.sampled_from(["16", "64", "256"]),
               "--seq-len": st.sampled_from(["512", "2048", "4096"]),
               "--precision": st.sampled_from(["bf16", "fp16", "fp8"]),
               "--runtime": st.sampled_from(["supported", "any", "ideal", "megatron", "deepspeed", "torchtitan",
-                                            "nanotron"])}
+                                            "nanotron", "torchtitan@0.2"])}
     knobs = {"--tp": st.sampled_from(["1", "2", "8"]), "--pp": st.sampled_from(["1", "2", "4"]),
              "--cp": st.sampled_from(["1", "2"]), "--ep": st.sampled_from(["1", "2", "8"]),
              "--vpp": st.sampled_from(["1", "2"]), "--micro-batch": st.sampled_from(["1", "2"]),
              "--zero": st.sampled_from(["0", "1", "2", "3"]), "--recompute": st.sampled_from(["none", "full"]),
-             "--recompute-layers": st.sampled_from(["0", "1", "4"]), "--memory-headroom": st.sampled_from(["0", "0.1"])}
+             "--recompute-layers": st.sampled_from(["0", "1", "4"]), "--memory-headroom": st.sampled_from(["0", "0.1"]),
+             "--dp-shard": st.sampled_from(["2", "4", "8"])}
     chosen = draw(st.lists(st.sampled_from(sorted(knobs)), max_size=3, unique=True))
     names = [*fields, *chosen]
     corrupt = draw(st.sampled_from([None, None, *names]))
@@ -136,7 +137,7 @@ def test_fuzzed_command_lines_keep_the_contract(args):
 @st.composite
 def forecast_lines(draw):
     """A forecast a user might ask for, one field (in most examples) replaced by junk."""
-    fields = {"-m": st.sampled_from(MODELS), "-c": st.sampled_from(CLUSTERS[:4]),
+    fields = {"-m": st.sampled_from(MODELS), "-c": st.sampled_from((*CLUSTERS[:4], "h100-plus-a100")),
               "--gpus": st.sampled_from(["8", "64", "8,16", "8-32", "8-64:x2"]),
               "--tokens": st.sampled_from(["1e9", "2e11", "15.6e12"]),
               "--seq-len": st.sampled_from(["2048", "4096"])}
@@ -214,7 +215,8 @@ def test_fuzzed_plan_files_keep_the_contract(tmp_path_factory, a_plan, data):
     command = data.draw(st.sampled_from(["check", "diff", "export", "ranks"]))
     args = {"check": ["check", str(plan_file), "--json"], "diff": ["diff", str(plan_file), str(plan_file), "--json"],
             "export": ["export", str(plan_file), "--to", data.draw(st.sampled_from(["megatron", "deepspeed",
-                                                                                    "torchtitan", "nanotron"]))],
+                                                                                    "torchtitan", "nanotron",
+                                                                                    "torchtitan@0.2"]))],
             "ranks": ["ranks", str(plan_file), "--json"]}[command]
     code, out, err = planner(*args)
     check_contract(code, out, err, as_json=command != "export")
