@@ -318,16 +318,18 @@ SCHEMA = "planner.forecast/v1"
 def _ran_on(cluster, plan: dict):
     """The plain cluster a plan runs on: the cluster itself, or the pool of a mixed cluster that
     the plan uses (planning.plan_on_pools)."""
-    pools = getattr(cluster, "pools", None)
-    if pools is None:
+    from planner.spec.pools import MixedCluster
+    if not isinstance(cluster, MixedCluster):
         return cluster
     used = next(e["name"] for e in plan["pools"] if e["used_gpus"])
-    return next(p.cluster for p in pools if p.name == used)
+    return next(p.cluster for p in cluster.pools if p.name == used)
 
 
 def _gpu_name(cluster) -> str:
-    pools = getattr(cluster, "pools", None)
-    return cluster.gpu.name if pools is None else "+".join(p.cluster.gpu.name for p in pools)
+    from planner.spec.pools import MixedCluster
+    if not isinstance(cluster, MixedCluster):
+        return cluster.gpu.name
+    return "+".join(p.cluster.gpu.name for p in cluster.pools)
 
 
 def forecast_document(model, clusters: list, gpus: str, global_batches: list[int], seq_len: int | None,
