@@ -3,8 +3,16 @@
 A band is the 10th to 90th percentile of the signed out-of-sample errors (predicted / measured
 step time - 1; leave-one-source-out refits and the frozen checks) of the GPU a prediction is for,
 or of its family when the GPU has fewer than MIN_ROWS such rows, or of every GPU when the family
-has too few as well (the band's basis says which). Percentiles interpolate linearly (numpy's
-default); a measured step time then lies in [predicted / (1 + high), predicted / (1 + low)].
+has too few as well (the band's basis says which); a measured step time then lies in
+[predicted / (1 + high), predicted / (1 + low)].
+
+The band is for a run no fit has seen, so its percentiles are predictive ones: the p-th
+percentile of n errors sits at rank p * (n + 1) (Hyndman & Fan 1996, definition 6; numpy's
+'weibull'), interpolated between ranks. For exchangeable errors the k-th smallest of n lies above
+a new one with probability k / (n + 1) (F(X_(k)) ~ Beta(k, n + 1 - k)), so a new run falls inside
+the band with probability 0.8. Numpy's default rank p * (n - 1) + 1 is the sample's own
+percentile: it puts the band's ends one rank in from the ends of the errors and covers a new run
+less often (13.6 % below the low end instead of 10 % at n = 21).
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ def band(gpu: str, family: str, residuals: list[Residual], exclude_document: str
                         (f"family {family}", [r for r in pool if r.family == family]),
                         ("all GPUs", pool)):
         if len(rows) >= MIN_ROWS or basis == "all GPUs" and rows:
-            low, high = np.quantile([r.error for r in rows], QUANTILES)
+            low, high = np.quantile([r.error for r in rows], QUANTILES, method="weibull")
             return Band(low=float(low), high=float(high), rows=len(rows), basis=basis)
     return None
 

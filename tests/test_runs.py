@@ -46,6 +46,18 @@ def test_band_falls_back_from_gpu_to_family_to_all():
     low, high = b.step_time_range_s(1.0)
     assert low == 1.0 / (1 + b.high) and high == 1.0 / (1 + b.low)
 
+def test_band_ends_sit_at_the_predictive_ranks():
+    """The band's ends are the errors at ranks 0.1 * (n + 1) and 0.9 * (n + 1) (interpolated), so
+    that a new exchangeable error falls below the low end with probability 0.1: with errors
+    1..n the ends are those ranks themselves (a sample percentile, rank 0.1 * (n - 1) + 1, would
+    give 3.0 and 19.0 at n = 21)."""
+    from planner.bands import Residual, band
+
+    for n in (9, 21, 40):
+        rows = [Residual("h100", "hopper", f"doc{k % 3}", float(k)) for k in range(n, 0, -1)]
+        b = band("h100", "hopper", rows)
+        assert b.low == pytest.approx(0.1 * (n + 1)) and b.high == pytest.approx(0.9 * (n + 1))
+
 
 def test_validate_reports_bias_beside_mape():
     from planner.validate import summary, validate
