@@ -46,6 +46,7 @@ def test_band_falls_back_from_gpu_to_family_to_all():
     low, high = b.step_time_range_s(1.0)
     assert low == 1.0 / (1 + b.high) and high == 1.0 / (1 + b.low)
 
+
 def test_band_ends_sit_at_the_predictive_ranks():
     """The band's ends are the errors at ranks 0.1 * (n + 1) and 0.9 * (n + 1) (interpolated), so
     that a new exchangeable error falls below the low end with probability 0.1: with errors
