@@ -33,6 +33,7 @@ from scipy.special import lambertw
 
 from planner.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from planner.errors import InfeasibleError, SpecError
+from planner.spec.pools import MixedCluster
 from planner.spec.training import MoeOptions
 
 CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES + OPTIMIZER_BYTES
@@ -318,7 +319,6 @@ SCHEMA = "planner.forecast/v1"
 def _ran_on(cluster, plan: dict):
     """The plain cluster a plan runs on: the cluster itself, or the pool of a mixed cluster that
     the plan uses (planning.plan_on_pools)."""
-    from planner.spec.pools import MixedCluster
     if not isinstance(cluster, MixedCluster):
         return cluster
     used = next(e["name"] for e in plan["pools"] if e["used_gpus"])
@@ -326,7 +326,6 @@ def _ran_on(cluster, plan: dict):
 
 
 def _gpu_name(cluster) -> str:
-    from planner.spec.pools import MixedCluster
     if not isinstance(cluster, MixedCluster):
         return cluster.gpu.name
     return "+".join(p.cluster.gpu.name for p in cluster.pools)

@@ -572,6 +572,14 @@ def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_sa
     return wd + we, gd + ge, od + oe, acts, memory.other_bytes(acts, memory.from_stage(zero, 3, prefetch_bytes, 0.0))
 
 
+def replica_reduce_s(coll, grad_bytes: int, dense, replicas: float):
+    """Under hybrid sharding, the all-reduce across the replicas of each rank's share `replicas`
+    (replica_share) of the dense gradients, after their reduce-scatter over the shard group
+    (FSDP2's HSDP after every reduce-scatter, Megatron's optimizer instances once a step); 0
+    without hybrid sharding. coll as in zero_traffic_s."""
+    return coll("all_reduce", grad_bytes * dense * replicas, "replica") if replicas else 0.0
+
+
 def zero_traffic_s(coll, zero, grad_bytes: int, dense, expert, replicas: float = 0.0):
     """ZeRO-2/3 collectives of one micro-batch over a stage's parameters: ZeRO-2 reduce-scatters
     every micro-batch's gradients, ZeRO-3 also gathers the weights for forward and backward;
@@ -581,8 +589,8 @@ def zero_traffic_s(coll, zero, grad_bytes: int, dense, expert, replicas: float =
     HSDP does after every reduce-scatter. coll(kind, bytes, 'dpcp' | 'edp' | 'replica') prices
     one collective; zero and the sizes may be arrays."""
     def out():
-        t = coll("reduce_scatter", grad_bytes * dense, "dpcp") + coll("reduce_scatter", grad_bytes * expert, "edp")
-        return t + coll("all_reduce", grad_bytes * dense * replicas, "replica") if replicas else t
+        return (coll("reduce_scatter", grad_bytes * dense, "dpcp") + coll("reduce_scatter", grad_bytes * expert, "edp")
+                + replica_reduce_s(coll, grad_bytes, dense, replicas))
 
     def gather():
         return (2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp")
@@ -621,8 +629,7 @@ def stage_tail_s(coll, zero, grad_bytes: int, dense, expert, fwd_s, bwd_s, stage
         return coll(kind, n_bytes * dense, "dpcp") + coll(kind, n_bytes * expert, "edp")
 
     def scatter():
-        t = both("reduce_scatter", grad_bytes)
-        return t + coll("all_reduce", grad_bytes * dense * replicas, "replica") if replicas else t
+        return both("reduce_scatter", grad_bytes) + replica_reduce_s(coll, grad_bytes, dense, replicas)
 
     grad = _by_zero(zero, ((0,), lambda: both("all_reduce", grad_bytes)), ((1,), scatter))
     gather = _by_zero(zero, ((1, 2), lambda: both("all_gather", memory.WEIGHT_BYTES)))

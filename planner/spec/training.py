@@ -7,6 +7,7 @@ from typing import Literal
 
 from planner.errors import SpecError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_SEQ_LEN, MAX_SWEEP_COUNTS
+from planner.placement import expert_pool
 
 Precision = Literal["bf16", "fp16", "fp8"]
 Attention = Literal["flash", "eager"]
@@ -168,7 +169,6 @@ def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
     if below_one:  # the rules below divide by these
         return problems + below_one
     etp = setup.expert_tp(s.tp, model)
-    from planner.placement import expert_pool
     pool, named = expert_pool(s.tp, s.cp, s.dp, etp)
     if pool % s.ep:
         problems.append(f"ep ({s.ep}) must divide {named} ({pool})")
