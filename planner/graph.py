@@ -88,6 +88,13 @@ class Work:
     """parameters in GEMM weight matrices, unsharded (Korthikanti's 12*h^2 per layer)"""
     model_flops: float
     """forward model FLOPs of the micro-batch, whole layer, not sharded (MFU numerator)"""
+    norm_elements: float = 0.0
+    """elements the layer's two norms normalise per GPU in forward (each moves NORM_FUSED_BYTES
+    of them inside elementwise_bytes: one fused kernel)"""
+
+
+NORM_FUSED_BYTES = 2 * ACT_BYTES
+"""HBM traffic per element of a fused norm kernel's forward: read the input, write the output"""
 
 
 def intensity(m: float, n: float, k: float) -> float:
@@ -263,7 +270,7 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     score_elems = b * q_local * (s / cp) * kv_len
 
     # Memory-bound ops (bytes read + written, forward).
-    norm_rw = 2 * 2 * ACT_BYTES * rep
+    norm_rw = 2 * NORM_FUSED_BYTES * rep
     bias_dropout_add = 2 * (3 * ACT_BYTES + (MASK_BYTES if has_dropout else 0)) * rep
     act_width = (layer.ffn_width + layer.top_k * (layer.expert_linears[0].n // (2 if layer.ffn_act == "swiglu" else 1)
                                                    if layer.experts else 0))
@@ -294,7 +301,7 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         ep_collectives=2 if layer.experts else 0,
         saved=saved, saved_full_recompute=ACT_BYTES * rep,
         params_local=params_local, expert_params_local=expert_local_all,
-        gemm_weight_params=gemm_weights, model_flops=model_flops)
+        gemm_weight_params=gemm_weights, model_flops=model_flops, norm_elements=2 * rep)
 
 
 def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,

@@ -115,6 +115,15 @@ class RuntimeRules:
     on an fp32 cast (torchtitan's loss uncompiled: the fp32 log-probabilities it keeps, their
     gradient and the input's gradient at once), 4 for that loss under torch.compile (it keeps
     the bf16 logits and the per-row statistics; the gradient comes back in bf16)"""
+    eager_norm_bytes: tuple[float, float] | None = None
+    """HBM bytes per element of each RMSNorm, forward and backward, where the runtime runs it as
+    eager PyTorch ops rather than one fused kernel (graph.NORM_FUSED_BYTES forward, as much
+    backward); None: fused. Counted op by op with PyTorch's dispatcher on CPU in
+    tests/test_torch_oracle.py: 36 and 96 for torchtitan's own eager RMSNorm of late 2024 (a
+    float cast, pow, mean, rsqrt, two multiplies and the cast back, bf16 in and out). Megatron's
+    and DeepSpeed's norms are Transformer Engine's and Apex's fused kernels; torchtitan's April
+    2024 configs chose its Triton fused_rmsnorm, and 0.3's nn.RMSNorm dispatches to PyTorch's
+    fused CUDA kernel (native_functions.yaml: _fused_rms_norm, CUDA: _fused_rms_norm_cuda)"""
     zero_with_experts: tuple[int, ...] = (0, 1, 2, 3)
     """the ZeRO stages it runs a model with experts in (zeros)"""
     ends_accounted: bool = False
@@ -255,6 +264,10 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
 RUNTIME_RULES["torchtitan@0.2"] = replace(
     RUNTIME_RULES["torchtitan"],
     note="torchtitan 0.2.x (0.2.0, 0.2.2): the space of 0.3, its job written as the TOML config 0.3 no longer reads")
+RUNTIME_RULES["torchtitan@2024-12"] = replace(
+    RUNTIME_RULES["torchtitan"], eager_norm_bytes=(36.0, 96.0),
+    note="torchtitan of December 2024 without torch.compile (9dec370, the configs of docs/performance.md at "
+         "d4c86e375: norm_type 'rmsnorm', torchtitan/models/norms.py's eager RMSNorm)")
 RUNTIME_RULES["torchtitan@compile"] = replace(
     RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0,
     note="torchtitan with torch.compile of the model and the loss (training.compile from mid-2025, "

@@ -599,3 +599,27 @@ def test_folded_experts_are_laid_out_over_tp_and_refused_where_no_runtime_folds(
     from planner.errors import SpecError
     with pytest.raises(SpecError, match="runtime deepspeed has no MoE parallel folding"):
         TrainingSetup(gpus=8, global_batch=64, seq_len=4096, runtime="deepspeed", moe_folding=True)
+
+
+def test_an_eager_rmsnorm_adds_its_extra_bytes_as_memory_time_and_a_layernorm_none():
+    """runtimes.RuntimeRules.eager_norm_bytes: the difference from the fused kernel's bytes, each
+    way, over the layer's normalised elements (two norms of tokens x hidden), at the GPU's
+    memory-bound rate; recomputing the layer repeats the forward's share."""
+    from planner.cost.compute import memory_time_s
+    from planner.graph import NORM_FUSED_BYTES, layer_work
+
+    cluster, one = load_cluster("dgx-h100"), Span(1, 1, 1)
+    layer = build_layers(load_model("llama3-8b"))[0]
+    ctx = Ctx(micro_batch=2, seq_len=8192, tp=1, recompute="full")
+    fused = layer_cost(layer, ctx, cluster, "bf16", one, one, one, "cudnn")
+    eager = layer_cost(layer, ctx, cluster, "bf16", one, one, one, "cudnn", eager_norm=(36.0, 96.0))
+    elements = layer_work(layer, ctx).norm_elements
+    assert elements == 2 * 2 * 8192 * 4096
+    assert eager.fwd - fused.fwd == pytest.approx(memory_time_s((36 - NORM_FUSED_BYTES) * elements, cluster.gpu,
+                                                                cluster.efficiency))
+    assert eager.bwd - fused.bwd == pytest.approx(memory_time_s((96 - NORM_FUSED_BYTES) * elements, cluster.gpu,
+                                                                cluster.efficiency))
+    assert eager.recompute - fused.recompute == pytest.approx(eager.fwd - fused.fwd)
+    gpt = build_layers(load_model("gpt3-175b"))[0]  # a LayerNorm: torch's native layer_norm is one kernel
+    assert layer_cost(gpt, ctx, cluster, "bf16", one, one, one, "cudnn", eager_norm=(36.0, 96.0)) == \
+        layer_cost(gpt, ctx, cluster, "bf16", one, one, one, "cudnn")

@@ -543,3 +543,63 @@ def test_a_compiled_loss_keeps_the_bf16_logits_alone():
     out.backward()
     assert logits.grad.dtype == torch.bfloat16
     assert RUNTIME_RULES["torchtitan@compile"].loss_bytes_per_logit == 2 * big[0].element_size()
+
+
+# --------------------------------------------------------------------------------------------
+# An eager norm's HBM traffic (runtimes.RuntimeRules.eager_norm_bytes)
+# --------------------------------------------------------------------------------------------
+
+class _TorchtitanEagerRMSNorm(torch.nn.Module):
+    """torchtitan/models/norms.py's RMSNorm at d4c86e375 (2024-12), verbatim in its arithmetic,
+    its weight in bf16 as FSDP2's mixed precision casts it."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(dim, dtype=torch.bfloat16))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float()).type_as(x)
+        return output * self.weight
+
+
+def _bytes_moved_per_element(fn, numel: int) -> float:
+    """Bytes every non-view aten op reads and writes while `fn` runs (its tensor arguments and
+    results), per element of the normalised input."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Count(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view:
+                tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+                Count.total += sum(t.numel() * t.element_size() for t in tensors)
+            return out
+
+    with Count():
+        fn()
+    return Count.total / numel
+
+
+def test_torchtitans_eager_rmsnorm_moves_its_records_bytes():
+    from planner.graph import NORM_FUSED_BYTES
+    from planner.runtimes import RUNTIME_RULES
+
+    tokens, hidden = 512, 4096
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+    norm = _TorchtitanEagerRMSNorm(hidden)
+    out = []
+    fwd = _bytes_moved_per_element(lambda: out.append(norm(x)), tokens * hidden)
+    grad = torch.randn_like(out[0])
+    bwd = _bytes_moved_per_element(lambda: out[0].backward(grad), tokens * hidden)
+    assert (fwd, bwd) == pytest.approx(RUNTIME_RULES["torchtitan@2024-12"].eager_norm_bytes, abs=0.1)
+    # the fused kernel the other records price reads the input and writes the output
+    assert NORM_FUSED_BYTES == x.element_size() * 2
+    for name in ("torchtitan", "megatron", "deepspeed", "nanotron", "torchtitan@compile"):
+        assert RUNTIME_RULES[name].eager_norm_bytes is None

@@ -20,6 +20,7 @@ import numpy as np
 from planner.cost import comm, compute, memory, pipeline
 from planner.graph import (
     LOGIT_SAVED_BYTES,
+    NORM_FUSED_BYTES,
     Ctx,
     Layer,
     build_layers,
@@ -136,7 +137,8 @@ def attention_core_s(layer: Layer, ctx: Ctx, w, cluster: Cluster, precision: str
 @lru_cache(maxsize=65536)
 def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span: Span, cp_span: Span,
                ep_span: Span, kernel: str | None = None, tp_overlap: bool = False,
-               ep_dedup: bool = False, ep_overlap: bool = False) -> LayerCost:
+               ep_dedup: bool = False, ep_overlap: bool = False,
+               eager_norm: tuple[float, float] | None = None) -> LayerCost:
     """Forward, backward and recompute time of one layer (formulas in the module docstring);
     `kernel`: the flash attention kernel the runtime runs (runtimes.attention_kernel);
     `tp_overlap`: whether it hides tensor-parallel collectives behind the GEMMs; `ep_dedup`:
@@ -150,15 +152,23 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
         ep = max(0, A - C) + min(A, C) * f / (1 - f),   f = EP_OVERLAP_SM_SHARE,
     the all-to-all time no computation covers, plus the slowdown of the computation that ran on
     the SMs the communication kernels left. Priced as if every pass had a partner: a pipeline's
-    warm-up and cool-down passes have none, so this is optimistic by at most their share."""
+    warm-up and cool-down passes have none, so this is optimistic by at most their share.
+
+    `eager_norm` (runtimes.RuntimeRules.eager_norm_bytes: a runtime that runs RMSNorm as eager
+    PyTorch ops): (forward, backward) bytes per normalised element in place of the fused
+    kernel's NORM_FUSED_BYTES each way, their difference priced as memory-bound time."""
     eff, gpu = cluster.efficiency, cluster.gpu
     w = layer_work(layer, ctx)
     gemm = sum(compute.gemm_time_s(f, i, gpu, precision, eff) for f, i in w.gemms)
     attn, attn_bwd = attention_core_s(layer, ctx, w, cluster, precision, kernel)
     mem = compute.memory_time_s(w.elementwise_bytes, gpu, eff)
     core_mem = compute.memory_time_s(w.core_elementwise_bytes, gpu, eff)
-    fwd = gemm + attn + mem + core_mem
-    bwd = 2 * gemm + attn_bwd + ELEMENTWISE_BWD_FACTOR * (mem + core_mem)
+    norm_fwd = norm_bwd = 0.0
+    if eager_norm and layer.norm == "rmsnorm":
+        norm_fwd, norm_bwd = (compute.memory_time_s((b - f) * w.norm_elements, gpu, eff)
+                              for b, f in zip(eager_norm, (NORM_FUSED_BYTES, ELEMENTWISE_BWD_FACTOR * NORM_FUSED_BYTES)))
+    fwd = gemm + attn + mem + core_mem + norm_fwd
+    bwd = 2 * gemm + attn_bwd + ELEMENTWISE_BWD_FACTOR * (mem + core_mem) + norm_bwd
     tp_one = w.tp_collectives * comm.collective_time_s("all_reduce", w.tp_message_bytes, tp_span, cluster)
     if isinstance(eff, LegacyEfficiency):
         tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm)
@@ -350,7 +360,8 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                                                                     sequence_parallel),
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
                          tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
-                         RUNTIME_RULES[setup.runtime].loss_bytes_per_logit)
+                         RUNTIME_RULES[setup.runtime].loss_bytes_per_logit,
+                         RUNTIME_RULES[setup.runtime].eager_norm_bytes)
 
 
 def kernel_of(cluster: Cluster, setup: TrainingSetup) -> str | None:
@@ -387,7 +398,8 @@ def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: 
 def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx, base_mode: str,
                   tp_span: Span, cp_span: Span, ep_span: Span, kernel: str | None, overlap: bool,
                   ep_dedup: bool = False, ep_overlap: bool = False,
-                  loss_bytes_per_logit: float = LOGIT_SAVED_BYTES) -> LayerTables:
+                  loss_bytes_per_logit: float = LOGIT_SAVED_BYTES,
+                  eager_norm: tuple[float, float] | None = None) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order). The head
     holds, at the loss's peak, what it saves besides the logits and `loss_bytes_per_logit` per
@@ -402,7 +414,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
 
     def costs(mode):
         return [layer_cost(k, _kind_ctx(base, k, mode), cluster, precision, tp_span, cp_span,
-                           ep_span if k.experts else no_group, kernel, overlap, ep_dedup, ep_overlap)
+                           ep_span if k.experts else no_group, kernel, overlap, ep_dedup, ep_overlap, eager_norm)
                 for k in kinds]
 
     # only strategies with recompute 'full' read the full-recompute rows, and their base mode is
