@@ -115,6 +115,11 @@ class RuntimeRules:
     on an fp32 cast (torchtitan's loss uncompiled: the fp32 log-probabilities it keeps, their
     gradient and the input's gradient at once), 4 for that loss under torch.compile (it keeps
     the bf16 logits and the per-row statistics; the gradient comes back in bf16)"""
+    loss_parallel_bytes_per_logit: float | None = None
+    """bytes per logit its loss holds at its peak when tp > 1 and the loss runs on the
+    vocabulary-sharded logits (torch's DTensor loss_parallel: 16, measured in
+    tests/test_torch_oracle.py: the plain loss's 12 and the fp32 log-softmax beside them); None:
+    loss_bytes_per_logit whatever tp"""
     eager_norm_bytes: tuple[float, float] | None = None
     """HBM bytes per element of each RMSNorm, forward and backward, where the runtime runs it as
     eager PyTorch ops rather than one fused kernel (graph.NORM_FUSED_BYTES forward, as much
@@ -144,6 +149,12 @@ class RuntimeRules:
     """can overlap the expert all-to-alls of one micro-batch with the computation of another
     (Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm; priced by
     cost/step.layer_cost, its rules in ep_overlap_problems)"""
+
+    def loss_bytes(self, tp: int) -> float:
+        """Bytes per logit the loss holds at its peak under tensor parallelism `tp`."""
+        if tp > 1 and self.loss_parallel_bytes_per_logit is not None:
+            return self.loss_parallel_bytes_per_logit
+        return self.loss_bytes_per_logit
 
     def priced_zero(self, zero, pp):
         """The ZeRO stage whose traffic and memory a plan's `zero` has under this runtime with
@@ -264,10 +275,15 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
 RUNTIME_RULES["torchtitan@0.2"] = replace(
     RUNTIME_RULES["torchtitan"],
     note="torchtitan 0.2.x (0.2.0, 0.2.2): the space of 0.3, its job written as the TOML config 0.3 no longer reads")
+RUNTIME_RULES["torchtitan@2024-12-compiled"] = replace(
+    RUNTIME_RULES["torchtitan"], loss_parallel_bytes_per_logit=16.0,
+    note="torchtitan of December 2024 (9dec370, the configs of docs/performance.md at d4c86e375) with "
+         "torch.compile of its TransformerBlocks (the norms fused; the loss not compiled) and, under tp, torch's "
+         "DTensor loss_parallel (parallel_dims.loss_parallel_enabled: tp > 1 unless disable_loss_parallel)")
 RUNTIME_RULES["torchtitan@2024-12"] = replace(
-    RUNTIME_RULES["torchtitan"], eager_norm_bytes=(36.0, 96.0),
+    RUNTIME_RULES["torchtitan@2024-12-compiled"], eager_norm_bytes=(36.0, 96.0),
     note="torchtitan of December 2024 without torch.compile (9dec370, the configs of docs/performance.md at "
-         "d4c86e375: norm_type 'rmsnorm', torchtitan/models/norms.py's eager RMSNorm)")
+         "d4c86e375: norm_type 'rmsnorm', torchtitan/models/norms.py's eager RMSNorm; loss_parallel under tp)")
 RUNTIME_RULES["torchtitan@compile"] = replace(
     RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0,
     note="torchtitan with torch.compile of the model and the loss (training.compile from mid-2025, "

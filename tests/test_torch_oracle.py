@@ -603,3 +603,40 @@ def test_torchtitans_eager_rmsnorm_moves_its_records_bytes():
     assert NORM_FUSED_BYTES == x.element_size() * 2
     for name in ("torchtitan", "megatron", "deepspeed", "nanotron", "torchtitan@compile"):
         assert RUNTIME_RULES[name].eager_norm_bytes is None
+
+
+def test_torchs_loss_parallel_peaks_at_the_2024_torchtitan_records_bytes_per_logit(tmp_path):
+    """torchtitan 9dec370's train step under tp (loss_parallel_enabled): the head's output a
+    vocabulary-sharded DTensor, cross_entropy of its fp32 cast inside torch's loss_parallel()
+    context, forward and backward, the logits dropped after the loss. One rank on CPU (gloo)
+    runs the same DTensor code path as each rank of a tp group."""
+    import torch.distributed as dist
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from planner.runtimes import RUNTIME_RULES
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        batch, seq, hidden, vocab = 1, 256, 64, 2000
+        torch.manual_seed(0)
+        h = torch.randn(batch, seq, hidden, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(vocab, hidden, dtype=torch.bfloat16, requires_grad=True)
+        labels = torch.randint(0, vocab, (batch, seq))
+        tracker = MemTracker()
+        tracker.track_external(h, w)
+        with tracker, loss_parallel():
+            pred = DTensor.from_local(h @ w.t(), mesh, [Shard(2)])
+            loss = torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+            del pred
+            loss.backward()
+        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    finally:
+        dist.destroy_process_group()
+    per_logit = (peak - 2 * (h.numel() + w.numel())) / (batch * seq * vocab)
+    for name in ("torchtitan@2024-12-compiled", "torchtitan@2024-12"):
+        assert per_logit == pytest.approx(RUNTIME_RULES[name].loss_bytes(8), abs=0.05)
+        assert RUNTIME_RULES[name].loss_bytes(1) == RUNTIME_RULES["torchtitan"].loss_bytes_per_logit

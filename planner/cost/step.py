@@ -360,7 +360,7 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                                                                     sequence_parallel),
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
                          tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
-                         RUNTIME_RULES[setup.runtime].loss_bytes_per_logit,
+                         RUNTIME_RULES[setup.runtime].loss_bytes(tp),
                          RUNTIME_RULES[setup.runtime].eager_norm_bytes)
 
 
