@@ -459,10 +459,12 @@ def test_adamw_state_bytes_match_state_bytes():
 # The loss at its peak (runtimes.RuntimeRules.loss_bytes_per_logit)
 # --------------------------------------------------------------------------------------------
 
-def _loss_peak_bytes_per_logit(loss_fn, batch=1, seq=256, hidden=64, vocab=2000) -> float:
+def _loss_peak_bytes_per_logit(loss_fn, batch=1, seq=256, hidden=64, vocab=2000, around=None) -> float:
     """The most bytes live at once, per logit, from the LM head's matmul through the loss and its
     backward (torch.distributed._tools.mem_tracker on CPU; the head's input and weight excluded),
-    the logits dropped after the loss as torchtitan's train step does (`del pred`)."""
+    the logits dropped after the loss as torchtitan's train step does (`del pred`); `around`: a
+    context both the loss and its backward run in (torch's loss_parallel())."""
+    import contextlib
     from torch.distributed._tools.mem_tracker import MemTracker
     torch.manual_seed(0)
     h = torch.randn(batch, seq, hidden, dtype=torch.bfloat16, requires_grad=True)
@@ -470,7 +472,7 @@ def _loss_peak_bytes_per_logit(loss_fn, batch=1, seq=256, hidden=64, vocab=2000)
     labels = torch.randint(0, vocab, (batch, seq))
     tracker = MemTracker()
     tracker.track_external(h, w)
-    with tracker:
+    with tracker, around or contextlib.nullcontext():
         logits = h @ w.t()
         loss = loss_fn(logits, labels)
         del logits
@@ -608,10 +610,9 @@ def test_torchtitans_eager_rmsnorm_moves_its_records_bytes():
 def test_torchs_loss_parallel_peaks_at_the_2024_torchtitan_records_bytes_per_logit(tmp_path):
     """torchtitan 9dec370's train step under tp (loss_parallel_enabled): the head's output a
     vocabulary-sharded DTensor, cross_entropy of its fp32 cast inside torch's loss_parallel()
-    context, forward and backward, the logits dropped after the loss. One rank on CPU (gloo)
-    runs the same DTensor code path as each rank of a tp group."""
+    context, forward and backward. One rank on CPU (gloo) runs the same DTensor code path as each
+    rank of a tp group."""
     import torch.distributed as dist
-    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.parallel import loss_parallel
@@ -621,22 +622,14 @@ def test_torchs_loss_parallel_peaks_at_the_2024_torchtitan_records_bytes_per_log
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        batch, seq, hidden, vocab = 1, 256, 64, 2000
-        torch.manual_seed(0)
-        h = torch.randn(batch, seq, hidden, dtype=torch.bfloat16, requires_grad=True)
-        w = torch.randn(vocab, hidden, dtype=torch.bfloat16, requires_grad=True)
-        labels = torch.randint(0, vocab, (batch, seq))
-        tracker = MemTracker()
-        tracker.track_external(h, w)
-        with tracker, loss_parallel():
-            pred = DTensor.from_local(h @ w.t(), mesh, [Shard(2)])
-            loss = torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
-            del pred
-            loss.backward()
-        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+        def sharded_loss(logits, labels):
+            pred = DTensor.from_local(logits, mesh, [Shard(2)])
+            return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+        per_logit = _loss_peak_bytes_per_logit(sharded_loss, around=loss_parallel())
     finally:
         dist.destroy_process_group()
-    per_logit = (peak - 2 * (h.numel() + w.numel())) / (batch * seq * vocab)
     for name in ("torchtitan@2024-12-compiled", "torchtitan@2024-12"):
         assert per_logit == pytest.approx(RUNTIME_RULES[name].loss_bytes(8), abs=0.05)
         assert RUNTIME_RULES[name].loss_bytes(1) == RUNTIME_RULES["torchtitan"].loss_bytes_per_logit
