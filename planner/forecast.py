@@ -268,12 +268,18 @@ def parse_schedule(text: str) -> list[Phase]:
     return phases
 
 
+def steps_for(tokens: float, global_batch: int, seq_len: int) -> int:
+    """Whole steps that train `tokens` (> 0) tokens: ceil(tokens / (global batch x sequence
+    length)), at least one (a quotient below the smallest float would round to 0 steps)."""
+    return max(1, math.ceil(tokens / (global_batch * seq_len)))
+
+
 def phase_steps(phases: list[Phase], tokens: float) -> list[int]:
     """Steps each phase runs to reach `tokens` in all (a phase's tokens rounded up to whole steps)."""
     bounds = [0.0] + [p.until_tokens for p in phases[:-1]] + [tokens]
     if tokens <= bounds[-2]:
         raise SpecError(f"--tokens {tokens:g}: the schedule's last phase starts at {bounds[-2]:g} tokens")
-    return [math.ceil((b - a) / (p.global_batch * p.seq_len)) for p, a, b in zip(phases, bounds, bounds[1:])]
+    return [steps_for(b - a, p.global_batch, p.seq_len) for p, a, b in zip(phases, bounds, bounds[1:])]
 
 
 TERMS = {"compute": ("compute", "recompute", "optimizer"), "bubble": ("bubble",),
@@ -355,7 +361,7 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
         configurations = [[(p.global_batch, p.seq_len, n) for p, n in zip(schedule, steps)]]
     else:
         seq = seq_len or model.seq_len
-        configurations = [[(b, seq, inputs.steps if inputs.steps is not None else math.ceil(inputs.tokens / (b * seq)))]
+        configurations = [[(b, seq, inputs.steps if inputs.steps is not None else steps_for(inputs.tokens, b, seq))]
                           for b in global_batches]
     for cluster in clusters:
         counts = parse_gpu_counts(gpus, cluster.gpus_per_node)

@@ -213,6 +213,15 @@ def test_a_schedule_reads_its_phases_and_steps_each_to_its_token_count():
         phase_steps(parse_schedule("1024x4096:20e12,2048x8192"), 15.6e12)
 
 
+def test_any_positive_token_count_is_at_least_one_step():
+    """Found by the nightly fuzz suite: --tokens 1e-320 made 0 steps (the quotient underflows to
+    0.0) and forecast divided by a zero step total."""
+    from planner.forecast import parse_schedule, phase_steps, steps_for
+    assert steps_for(1e-320, 64, 2048) == 1 and steps_for(64 * 2048, 64, 2048) == 1
+    assert steps_for(64 * 2048 + 1, 64, 2048) == 2
+    assert phase_steps(parse_schedule("32x2048:1e-320,64x2048"), 1e9) == [1, math.ceil(1e9 / (64 * 2048))]
+
+
 def test_a_one_phase_schedule_is_the_plain_forecast():
     plain = json.loads(run("forecast", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64",
                            "--global-batch", "512", "--seq-len", "8192", "--tokens", "1e11", "--format", "json").stdout)
