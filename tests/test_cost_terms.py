@@ -413,6 +413,18 @@ def test_with_one_expert_a_rank_and_one_chosen_the_dispatchers_move_the_same_byt
     assert dedup == pytest.approx(network + 7 * cluster.intra_node.latency_s + 7 * cluster.inter_node.latency_s)
 
 
+@pytest.mark.parametrize("cluster_name", ["mi300x-8", "dgx-h100"])
+def test_a_dedup_dispatch_with_one_rank_a_node_is_its_network_part(cluster_name):
+    """One rank a node forwards nothing over NVLink: the dispatch is the network's part and its
+    latencies (on a mesh node, whose tier gives one rank no NVLink share, it was a division by
+    zero)."""
+    cluster = load_cluster(cluster_name)
+    span = Span(size=4, per_node=1, nodes=4)
+    inter_bw = cluster.inter_node.Bps * comm.link_fraction(cluster, False)
+    network = 3 * comm.grouped_hit_probability(16, 2, 4) * 1e8 / inter_bw
+    assert comm.dispatch_time_s(1e8, 2, 16, span, cluster) == pytest.approx(network + 3 * cluster.inter_node.latency_s)
+
+
 def test_the_dispatcher_a_setup_names_is_the_one_priced():
     """DeepSeek-V3 with experts across nodes: Megatron's flex dispatcher (its record's default)
     prices less expert all-to-all than the same run with the plain all-to-all, and nothing else

@@ -128,6 +128,7 @@ def dispatch_time_s(token_bytes, top_k: int, experts: int, span: Span, cluster: 
     arXiv 2412.19437, sec. 3.2.2). With experts spread evenly (experts / size a rank):
         network = (nodes - 1) * P(node holds one) * token_bytes / inter busbw
         nvlink  = (size - 1) * P(rank holds one) * token_bytes / intra busbw
+    With one rank a node the NVLink term is 0 (nothing to forward).
     The kernel runs sending, forwarding and receiving at once (separate warps), so the dispatch
     takes the slower of the two, plus one latency per peer node and per peer rank on the node.
     Under group-limited routing (`groups`, `group_topk`) the probabilities are
@@ -137,8 +138,9 @@ def dispatch_time_s(token_bytes, top_k: int, experts: int, span: Span, cluster: 
         return 0.0 * token_bytes
     per_rank = experts / span.size
     intra_bw, intra_lat = _tier_bandwidth(cluster, True, span.per_node)
+    # with one rank a node nothing is forwarded on a node: no NVLink share (a mesh tier gives it none)
     nvlink = ((span.size - 1) * grouped_hit_probability(experts, top_k, per_rank, groups, group_topk) * token_bytes
-              / intra_bw)
+              / intra_bw) if span.per_node > 1 else 0.0 * token_bytes
     fixed = (span.per_node - 1) * intra_lat
     if span.nodes > 1:
         inter_bw, inter_lat = _tier_bandwidth(cluster, False, span.per_node)
