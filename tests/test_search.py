@@ -875,6 +875,22 @@ def test_full_recompute_of_no_layer_is_listed_as_none():
     assert len(keys) == len(listed)  # no two differ in the recompute mode alone
 
 
+def test_bounds_of_setups_that_differ_in_batch_are_those_of_each_alone():
+    """bounds.bound_counts over setups differing in global batch (a pool's shares) gives each the
+    bounds bound_all gives it alone."""
+    from planner.planning import _setup
+    from planner.search.bounds import bound_all, bound_counts
+
+    model = ModelSpec(name="m", layers=8, hidden=2048, heads=16, ffn_hidden=8192, vocab=32000, seq_len=2048)
+    rules = space.RUNTIME_RULES["ideal"]
+    setups = [_setup(model, CLUSTER, g, b, 2048, "bf16", "flash", "ideal", 0.05) for g, b in ((8, 24), (16, 7), (8, 30))]
+    together = bound_counts(model, CLUSTER, setups, {}, rules)
+    for s, b in zip(setups, together):
+        alone = bound_all(model, CLUSTER, s, {}, rules)
+        assert b.bound_s.tolist() == alone.bound_s.tolist() and b.floor_bytes.tolist() == alone.floor_bytes.tolist()
+        assert [b.knobs(j) for j in range(len(b.row))] == [alone.knobs(j) for j in range(len(alone.row))]
+
+
 @pytest.mark.parametrize("constraints", [{}, {"recompute": "full", "tp": 2}])
 def test_a_sweep_in_chunks_plans_each_count_as_alone(constraints):
     """A sweep bounds its GPU counts a chunk at a time (bound_counts): every entry, infeasible

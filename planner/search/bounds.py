@@ -132,10 +132,11 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
 
 def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup], fixed: dict,
                  rules: space.RuntimeRules, progress=None) -> list[Bounds]:
-    """bound_all of setups that differ only in their GPU count (a sweep's), in one pass: the
-    candidates of all of them are bounded as one set of arrays (what costs is the number of
-    array operations more than their length), then sorted and split by setup; the Bounds of
-    each are those bound_all gives it alone."""
+    """bound_all of setups that differ only in their GPU count and global batch (a sweep's, or
+    a mixed cluster's pool at each batch share), in one pass: the candidates of all of them are
+    bounded as one set of arrays (what costs is the number of array operations more than their
+    length), then sorted and split by setup; the Bounds of each are those bound_all gives it
+    alone."""
     modes = space.recompute_modes(fixed, rules, setups[0].ep_overlap)
     shape = _shape(replace(setups[0], gpus=1, global_batch=1, memory_headroom=0.0))
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
@@ -173,7 +174,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
                                                  span_ids.setdefault(spans[:3], len(span_ids)), spans[3].nodes > 1,
                                                  duplicate))
     rows, vpp_sets, considered, dominated = _rows(model, setups[0], fixed, rules, modes, shape, placements,
-                                                  len(setups))
+                                                  [s.global_batch for s in setups])
     span_sets = list(span_ids)
     # 'full' reads the same layer context as 'none' (its base rows)
     base = np.array([space.RECOMPUTES.index(base_mode(mode)) for mode in modes])[rows["mode"]]
@@ -234,25 +235,28 @@ class _Placement(NamedTuple):
     """whether another rank order places every group alike"""
 
 
-def _rows(model, setup, fixed, rules, modes, shape, placements, setups: int) -> tuple[dict, list, np.ndarray,
-                                                                                   np.ndarray]:
+def _rows(model, setup, fixed, rules, modes, shape, placements, batches: list[int]) -> tuple[dict, list, np.ndarray,
+                                                                                         np.ndarray]:
     """The candidate rows of the placements (bound_counts), in the order of a loop over
     placements, then micro-batches, then recompute modes: columns by name, with the candidates
     they stand for (times ZeRO stages and vpps) and those dominated (a duplicate placement;
-    selective recomputation that keeps the same activations as none) per setup, and the vpp
-    sets the rows' 'vpps' index."""
+    selective recomputation that keeps the same activations as none) per setup (`batches`: the
+    global batch of each), and the vpp sets the rows' 'vpps' index."""
+    setups = len(batches)
     if not placements:
         return ({k: np.zeros(0, dtype=int) for k in (*_Placement._fields, "mb", "mode", "m", "vpps")}, [],
                 np.zeros(setups, dtype=int), np.zeros(setups, dtype=int))
     block = dict(zip(_Placement._fields, np.array(placements, dtype=np.int64).T))
-    mb_sets = {dp: np.array(space.allowed(space.divisors(setup.global_batch // dp), fixed.get("micro_batch")),
-                            dtype=np.int64) for dp in set(block["dp"].tolist())}
-    counts = np.array([len(mb_sets[dp]) for dp in block["dp"].tolist()]) * len(modes)
+    batch = np.array(batches, dtype=np.int64)[block["count"]]
+    dp_batch = list(zip(block["dp"].tolist(), batch.tolist()))
+    mb_sets = {(dp, b): np.array(space.allowed(space.divisors(b // dp), fixed.get("micro_batch")), dtype=np.int64)
+               for dp, b in set(dp_batch)}
+    counts = np.array([len(mb_sets[key]) for key in dp_batch]) * len(modes)
     rows = {k: np.repeat(v, counts) for k, v in block.items()}
-    mbs = np.concatenate([mb_sets[dp] for dp in block["dp"].tolist()])
+    mbs = np.concatenate([mb_sets[key] for key in dp_batch])
     rows["mb"] = np.repeat(mbs, len(modes))
     rows["mode"] = np.tile(np.arange(len(modes)), len(mbs))
-    rows["m"] = setup.global_batch // (rows["dp"] * rows["mb"])
+    rows["m"] = np.repeat(batch, counts) // (rows["dp"] * rows["mb"])
     # the vpps of each (pp, micro-batches)
     pairs, pair_id = _keys(rows["pp"], rows["m"])
     vpp_ids: dict = {}

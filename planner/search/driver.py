@@ -225,8 +225,8 @@ def _fastest_within(model, cluster, setup, fixed, found, idx, bound, solver, tim
 
 def bound_sweep(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup],
                 fixed: dict | None = None) -> list[bounds.Bounds]:
-    """The bounds of the searches of setups that differ only in their GPU count, computed
-    together (bounds.bound_counts), for search(found=...)."""
+    """The bounds of the searches of setups that differ only in their GPU count and global
+    batch, computed together (bounds.bound_counts), for search(found=...)."""
     return bounds.bound_counts(model, cluster, setups, _constraints(fixed), space.RUNTIME_RULES[setups[0].runtime])
 
 
