@@ -25,7 +25,7 @@ import numpy as np
 
 from planner.placement import Span
 from planner.spec.efficiency import LegacyEfficiency
-from planner.spec.hardware import Cluster
+from planner.spec.hardware import Cluster, LinkTier
 
 _FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}
 
@@ -162,3 +162,17 @@ def affine_s(kind: str, span: Span, cluster: Cluster) -> tuple[float, float]:
     collective over many message sizes at once."""
     fixed = float(collective_time_s(kind, 1e-300, span, cluster))
     return (float(collective_time_s(kind, 1e12, span, cluster)) - fixed) / 1e12, fixed
+
+
+def pools_exchange_s(grad_bytes: float, pool_gpus: tuple[int, ...], link: LinkTier) -> float:
+    """The gradient all-reduce between the data-parallel replicas of P pools (a mixed cluster's
+    batch shares), after each pool has reduced its own: a ring over the P pools of the whole
+    gradient (`grad_bytes`), each pool's share carried by its GPUs' own links between the pools,
+    so the pool with the fewest GPUs sets the rate (the slowest link it crosses):
+        2 (P-1)/P * grad_bytes / (min_i g_i * B) + 2 (P-1) * alpha,
+    B the link's measured bus bandwidth, else TYPICAL_BUSBW_FRACTION of its rate. It is priced
+    exposed: it starts after the slowest pool's own reduction (no overlap is claimed)."""
+    if len(pool_gpus) <= 1:
+        return 0.0
+    bw = link.busbw_Bps or link.Bps * TYPICAL_BUSBW_FRACTION
+    return _ring("all_reduce", grad_bytes, len(pool_gpus), min(pool_gpus) * bw, link.latency_s)

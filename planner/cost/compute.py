@@ -68,13 +68,13 @@ def framework(eff) -> float:
 
 
 @lru_cache(maxsize=256)
-def _gemm_rate(gpu: Gpu, precision: str, eff) -> tuple[float, float]:
+def gemm_rate(gpu: Gpu, precision: str, eff) -> tuple[float, float]:
     """(FLOP/s of a GEMM far above the knee, its knee I_half)."""
     return gpu.flops(precision) * gemm_fraction(gpu, precision, eff) * framework(eff), intensity_half(gpu, precision, eff)
 
 
 def gemm_time_s(flops, intensity, gpu: Gpu, precision: str, eff):
-    rate, knee = _gemm_rate(gpu, precision, eff)
+    rate, knee = gemm_rate(gpu, precision, eff)
     return flops / rate * (1.0 + knee / intensity)
 
 

@@ -769,6 +769,33 @@ def _executed_per_sequence(model: ModelSpec, seq_len: int, flash: bool) -> tuple
             np.array([w.attn_flops for w in works]), head_work(model, ctx).gemm_flops)
 
 
+def compute_floor_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup) -> float:
+    """A step time no strategy of `setup` beats: the work of every sequence of the global batch
+    spread evenly over the GPUs, each part at the fastest rate the cost model ever grants it
+        GEMMs      3 x forward FLOPs at compute.gemm_rate (knee term dropped; the setup's
+                   precision or bf16, whichever is faster),
+        attention  its forward+backward FLOPs (FLASH_BWD_FACTOR, or 2 eager) at the fastest of
+                   the GPU's attention tables and the GEMM rate,
+        memory     (1 + ELEMENTWISE_BWD_FACTOR) x the memory-bound bytes at compute.memory_time_s,
+    each counted unsharded (tp 1, cp 1, one micro-batch of one sequence): sharding splits this
+    work over ranks or repeats it, never shrinks it. A step is at least its busiest GPU's compute,
+    at least the average; recomputation, communication and bubbles only add (test_cost.py checks
+    the floor against priced strategies)."""
+    eff, gpu = cluster.efficiency, cluster.gpu
+    ctx = Ctx(micro_batch=1, seq_len=setup.seq_len, flash=setup.attention == "flash")
+    works = [layer_work(layer, ctx) for layer in _layers(model)]
+    gemm = max(compute.gemm_rate(gpu, p, eff)[0] for p in {setup.precision, compute.HIGH_PRECISION})
+    tables = [v for t in (gpu.measured.attention if gpu.measured and not isinstance(eff, LegacyEfficiency) else ())
+              for _, v in t.points]
+    attn_rate = max([gemm] + [v * 1e12 * compute.framework(eff) for v in tables])
+    bwd = compute.FLASH_BWD_FACTOR if ctx.flash else 2.0
+    gemm_flops = 3 * (sum(f for w in works for f, _ in w.gemms) + head_work(model, ctx).gemm_flops)
+    attn_flops = (1 + bwd) * sum(w.attn_flops for w in works)
+    mem_bytes = (1 + ELEMENTWISE_BWD_FACTOR) * sum(w.elementwise_bytes + w.core_elementwise_bytes for w in works)
+    per_sequence = gemm_flops / gemm + attn_flops / attn_rate + compute.memory_time_s(mem_bytes, gpu, eff)
+    return per_sequence * setup.global_batch / setup.gpus
+
+
 def executed_flops_per_step(model: ModelSpec, setup: TrainingSetup, s: Strategy, stages) -> float:
     """FLOPs the GPUs execute in one step: forward, backward at twice the forward (a flash
     attention core's at 2.5x: it recomputes the scores, Dao 2023 §3.1), and what recomputation

@@ -1,0 +1,172 @@
+"""Batch shares over the pools of a mixed cluster: data-parallel replicas of different kinds.
+
+A plan over several pools gives pool i g_i of its GPUs (whole nodes, every GPU asked for used:
+sum g_i = --gpus, at least two pools) and a share B_i >= 1 of the global batch (sum B_i = B).
+Each pool runs its own strategy on its share, the fastest one of its space (driver.search on
+the pool's plain cluster with global batch B_i), and the pools then all-reduce their gradients
+over the links between them (cost/comm.pools_exchange_s). The step is
+
+    max_i F_i(g_i, B_i) + exchange(g),
+
+F_i(g, B) the step of pool i's fastest strategy on g GPUs at batch B (infinite where none fits).
+F is not monotone in B (a share that divides badly leaves dp or the micro-batch few options), so
+no split is skipped on its neighbours' account: the search is branch and bound over every
+allocation and split, in the order of a lower bound, stopping when the next bound is no better
+than the best step found. Two lower bounds of F_i, each valid for every strategy:
+
+  - cost/step.compute_floor_s, linear in B_i (closed form: prunes most splits at once);
+  - the pool search's own bound at that share (bounds.bound_counts: the least bound of any
+    candidate), computed only for the splits the first leaves open.
+
+What survives both is priced: each pool's search at its share, pruned at the best step found
+less the exchange. The result is the best plan over all allocations and splits under the cost
+model (the brute force over them in tests/test_shares.py checks it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Callable
+
+from planner.cost.comm import pools_exchange_s
+from planner.cost.step import dp_grad_bytes, compute_floor_s
+from planner.graph import model_params
+from planner.search.driver import Candidate, bound_sweep, search
+from planner.spec.model import ModelSpec
+from planner.spec.pools import MixedCluster
+from planner.spec.training import TrainingSetup
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    pool: int
+    """index of the pool in the cluster's pools"""
+    setup: TrainingSetup
+    """the pool's GPUs and its share of the global batch (setup.gpus, setup.global_batch)"""
+    candidate: Candidate
+    """the pool's fastest strategy at its share"""
+
+
+@dataclass(frozen=True, slots=True)
+class SharesResult:
+    shares: tuple[Share, ...]
+    step_time_s: float
+    exchange_s: float
+    splits: int
+    """allocations and splits the search considered"""
+    bounded: int
+    """pool shares whose search bound was computed"""
+    priced: int
+    """pool shares searched to the end"""
+    proven_optimal: bool
+
+
+def allocations(cluster: MixedCluster, gpus: int) -> list[tuple[int, ...]]:
+    """GPUs per pool (whole nodes, at most the pool's) summing to `gpus`, at least two pools used."""
+    options = [range(0, p.gpus + 1, p.cluster.gpus_per_node) for p in cluster.pools]
+    return [g for g in itertools.product(*options) if sum(g) == gpus and sum(1 for n in g if n) >= 2]
+
+
+def exchange_s(model: ModelSpec, cluster: MixedCluster, precision: str, used: tuple[int, ...]) -> float:
+    """The gradient exchange between the pools that hold GPUs in `used`."""
+    return pools_exchange_s(model_params(model) * dp_grad_bytes(precision), tuple(n for n in used if n),
+                            cluster.between_pools)
+
+
+def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, precision: str,
+                setup_of: Callable[[int, int, int], TrainingSetup], fixed: dict, solver: str = "highs",
+                time_limit_s: float = 10.0, cutoff_s: float = float("inf")) -> SharesResult | None:
+    """The fastest plan over several pools (module docstring) of `gpus` GPUs and global batch
+    `batch` whose step is below `cutoff_s`, or None. `setup_of(pool index, gpus, share)`: the
+    pool's training setup (a PlannerError: that share has no plan)."""
+    from planner.errors import PlannerError
+
+    pools = cluster.pools
+    best_s, best = cutoff_s, None
+    heap: list = []
+    rates: dict = {}
+    for used in allocations(cluster, gpus):
+        x = exchange_s(model, cluster, precision, used)
+        idx = [i for i, n in enumerate(used) if n]
+        rate = []
+        for i in idx:
+            key = (i, used[i])
+            if key not in rates:
+                try:
+                    s = setup_of(i, used[i], 1)
+                    rates[key] = compute_floor_s(model, pools[i].cluster, s)
+                except PlannerError:
+                    rates[key] = float("inf")
+            rate.append(rates[key])
+        for split in _splits(batch, len(idx)):
+            floor = max(r * b for r, b in zip(rate, split)) + x
+            if floor < best_s:
+                heap.append((floor, used, tuple(zip(idx, split)), x))
+    heapq.heapify(heap)
+    splits = len(heap)
+    bounds: dict = {}
+    lows: dict = {}  # (pool, gpus, share) -> a lower bound of F
+    found: dict = {}  # (pool, gpus, share) -> (step, setup, candidate) of the pool's fastest strategy
+    bounded = priced = 0
+    proven = True
+    while heap and heap[0][0] < best_s:
+        floor, used, parts, x = heapq.heappop(heap)
+        # the heaviest side first: its bound is the likeliest to prune the split alone
+        order = sorted(parts, key=lambda p: -rates[(p[0], used[p[0]])] * p[1])
+        pruned = False
+        for i, b in order:
+            key = (i, used[i], b)
+            if key not in lows:
+                try:
+                    s = setup_of(i, used[i], b)
+                except PlannerError:
+                    lows[key] = float("inf")
+                else:
+                    bnd = bound_sweep(model, pools[i].cluster, [s], fixed)[0]
+                    bounded += 1
+                    bounds[key] = (s, bnd)
+                    lows[key] = float(bnd.bound_s.min()) if len(bnd.bound_s) else float("inf")
+            if lows[key] + x >= best_s:
+                pruned = True
+                break
+        if pruned:
+            continue
+        steps = []
+        for i, b in order:
+            key = (i, used[i], b)
+            if key not in found:
+                s, bnd = bounds[key]
+                r = search(model, pools[i].cluster, s, fixed, solver=solver, time_limit_s=time_limit_s, top=0,
+                           found=bnd, outside_s=best_s - x)
+                priced += 1
+                proven = proven and r.proven_optimal
+                if r.best is None or not r.best.fits:
+                    lows[key] = max(lows[key], best_s - x)  # nothing of it beats what was asked
+                    break
+                found[key] = (r.best.step_time_s, s, r.best)
+            steps.append(found[key][0])
+            if found[key][0] + x >= best_s:
+                break
+        else:
+            step = max(steps) + x
+            if step < best_s:
+                best_s = step
+                best = (step, x, [(i, found[(i, used[i], b)]) for i, b in sorted(parts)])
+    if best is None:
+        return None
+    step, x, chosen = best
+    return SharesResult(shares=tuple(Share(pool=i, setup=s, candidate=c) for i, (_, s, c) in chosen),
+                        step_time_s=step, exchange_s=x, splits=splits, bounded=bounded, priced=priced,
+                        proven_optimal=proven)
+
+
+def _splits(total: int, parts: int):
+    """Every way to write `total` as `parts` positive integers, in order."""
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in _splits(total - first, parts - 1):
+            yield (first, *rest)
