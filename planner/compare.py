@@ -1,6 +1,7 @@
 """What changed between two plans. Equivalent plans have equal strategy, stages and placement
-and every prediction within 1e-6 relative (DESIGN.md); planner_version, alternatives, notes and
-the search's counts do not count."""
+and every prediction within 1e-6 relative (DESIGN.md), and over several pools equal batch shares
+(pools[].share, numbers to the same tolerance); planner_version, alternatives, notes and the
+search's counts do not count."""
 
 from __future__ import annotations
 
@@ -44,4 +45,10 @@ def diff(old: dict, new: dict) -> list[dict]:
     changes: list[dict] = []
     for section in COMPARED:
         _walk(old.get(section), new.get(section), section, changes, numeric=section == "prediction")
+    _walk(_shares(old), _shares(new), "shares", changes, numeric=True)
     return changes
+
+
+def _shares(doc: dict) -> dict:
+    """Each pool's share of a plan over several pools, by pool name (empty for any other plan)."""
+    return {p["name"]: p["share"] for p in doc.get("pools", []) if "share" in p}

@@ -147,11 +147,13 @@ def _run(work_s: float, gpus: int, mtbf_s: float, ckpt_s: float, restart_s: floa
 
 
 def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: int, tdp_w: float | None,
-                 inputs: RunInputs, cluster_price: float | None = None, cluster_pue: float | None = None) -> dict:
+                 inputs: RunInputs, cluster_price: float | None = None, cluster_pue: float | None = None,
+                 gpu: str | None = None) -> dict:
     """One configuration's whole run from its plan documents (planner.plan/v2), each with the
     steps it runs (one, or one per phase of a schedule): days, GPU-hours, cost, energy, tokens/s,
     MFU, goodput and the checkpoint interval, each with its band (the step times' 10-90 % bands;
-    goodput also the failure rate's), and the dominant term."""
+    goodput also the failure rate's), and the dominant term; `gpu`: the GPUs' name where the
+    plan's cluster names none (a mixed cluster's)."""
     plans = [p for p, _ in phases]
     tr = plans[-1]["inputs"]["training"]
     gpus = tr["gpus"]
@@ -191,7 +193,7 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
         return [best[key] * scale, worst[key] * scale]
 
     row = {
-        "cluster": plans[-1]["inputs"]["cluster"]["name"], "gpu": plans[-1]["inputs"]["cluster"]["gpu"]["name"],
+        "cluster": plans[-1]["inputs"]["cluster"]["name"], "gpu": gpu or plans[-1]["inputs"]["cluster"]["gpu"]["name"],
         "gpus": gpus, "global_batch": tr["global_batch"], "seq_len": tr["seq_len"], "runtime": tr["runtime"],
         "strategy": plans[-1]["strategy"], "steps": sum(n for _, n in phases), "tokens": tokens,
         "step_time_s": plans[-1]["prediction"]["step_time_s"], "days": mid["wall_s"] / 86400,
@@ -322,13 +324,35 @@ def diminishing_return_gpus(rows: list[dict], ratio: float = 1.2) -> int | None:
 SCHEMA = "planner.forecast/v1"
 
 
-def _ran_on(cluster, plan: dict):
-    """The plain cluster a plan runs on: the cluster itself, or the pool of a mixed cluster that
-    the plan uses (planning.plan_on_pools)."""
+@dataclass(frozen=True, slots=True)
+class _RanOn:
+    """What a run's cost and energy read of the GPUs its plan uses."""
+
+    gpu: str
+    gpus_per_node: int
+    tdp_w: float | None
+    price_per_gpu_hour: float | None
+    pue: float | None
+
+
+def _ran_on(cluster, plan: dict) -> _RanOn:
+    """The GPUs a plan runs on: the cluster itself, the pool of a mixed cluster that the plan uses
+    (planning.plan_on_pools), or over several pools (batch shares) their GPUs averaged by count
+    (TDP and price; PUE by power), each known only where every pool states it."""
     if not isinstance(cluster, MixedCluster):
-        return cluster
-    used = next(e["name"] for e in plan["pools"] if e["used_gpus"])
-    return next(p.cluster for p in cluster.pools if p.name == used)
+        used = [(cluster, 1)]
+    else:
+        by_name = {p.name: p.cluster for p in cluster.pools}
+        used = [(by_name[e["name"]], e["used_gpus"]) for e in plan["pools"] if e["used_gpus"]]
+    n = sum(k for _, k in used)
+
+    def mean(values, weights):
+        return None if any(v is None for v in values) else sum(v * w for v, w in zip(values, weights)) / sum(weights)
+
+    tdp = mean([c.gpu.tdp_w for c, _ in used], [k for _, k in used])
+    return _RanOn(gpu="+".join(c.gpu.name for c, _ in used), gpus_per_node=used[0][0].gpus_per_node, tdp_w=tdp,
+                  price_per_gpu_hour=mean([c.price_per_gpu_hour for c, _ in used], [k / n for _, k in used]),
+                  pue=mean([c.pue for c, _ in used], [k * (c.gpu.tdp_w or 1.0) for c, k in used]))
 
 
 def _gpu_name(cluster) -> str:
@@ -392,11 +416,12 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
                     ran = _ran_on(cluster, found[-1]["plan"])
                     try:
                         row = forecast_row([(e["plan"], ph[2]) for ph, e in zip(phases, found)], params,
-                                           ran.gpus_per_node, ran.gpu.tdp_w, inputs, ran.price_per_gpu_hour, ran.pue)
+                                           ran.gpus_per_node, ran.tdp_w, inputs, ran.price_per_gpu_hour, ran.pue,
+                                           ran.gpu)
                         row["cluster"] = cluster.name  # a mixed cluster's row: its name, the pool's GPU
                         series.append(row)
                     except InfeasibleError as e:
-                        row = {"cluster": cluster.name, "gpu": ran.gpu.name, "gpus": n,
+                        row = {"cluster": cluster.name, "gpu": ran.gpu, "gpus": n,
                                "global_batch": phases[-1][0], "infeasible": str(e)}
                 rows.append(row)
             knee = diminishing_return_gpus(series)

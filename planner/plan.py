@@ -219,6 +219,11 @@ def _check_degrees(doc: dict, path) -> None:
     from planner.errors import PlanFormatError
     from planner.limits import MAX_GPUS
     s, gpus = doc["strategy"], doc["inputs"]["training"]["gpus"]
+    if "strategy_pool" in doc:  # batch shares over pools: the strategy is that pool's
+        lead = [p for p in doc.get("pools", []) if p["name"] == doc["strategy_pool"] and "share" in p]
+        if not lead:
+            raise PlanFormatError(f"{path}: strategy_pool {doc['strategy_pool']!r} names no pool with a share")
+        gpus = lead[0]["used_gpus"]
     if gpus > MAX_GPUS:
         raise PlanFormatError(f"{path}: inputs.training.gpus {gpus:,}: at most {MAX_GPUS:,}")
     product = s["dp"] * s["tp"] * s["pp"] * s["cp"]

@@ -329,12 +329,12 @@ def replan(doc: dict, refresh_presets: bool = False) -> dict:
     """Plan again from the inputs a plan recorded (resolved specs, training, constraints,
     solver) with the installed version; `refresh_presets` re-reads preset names first."""
     from planner.presets import preset_names
-    from planner.spec.hardware import Cluster, load_cluster
+    from planner.spec.hardware import cluster_from_dict, load_cluster
     from planner.spec.model import ModelSpec, load_model
 
     inputs = doc["inputs"]
     model = ModelSpec.from_dict(inputs["model"], "plan inputs.model")
-    cluster = Cluster.from_dict(inputs["cluster"], "plan inputs.cluster")
+    cluster = cluster_from_dict(inputs["cluster"], "plan inputs.cluster")
     if refresh_presets:
         if model.name in preset_names("models"):
             model = load_model(model.name)
@@ -349,6 +349,14 @@ def replan(doc: dict, refresh_presets: bool = False) -> dict:
                      memory_headroom=tr.get("memory_headroom", 0.0), moe=MoeOptions.recorded(tr))
 
 
+def _strategies(doc: dict) -> dict:
+    """What makes a plan the same plan (what compare.diff reads of it): its strategy, and over
+    several pools each pool's share of the batch and strategy."""
+    return {"strategy": doc["strategy"],
+            "pools": [{"name": p["name"], "share": {k: p["share"][k] for k in ("global_batch", "strategy")}}
+                      for p in doc.get("pools", []) if "share" in p]}
+
+
 def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> dict:
     """Verdict of `planner check`: 'ok', 'unrunnable' (the runtime the plan was made for no longer
     runs it as planned: export.runnable_on), 'stale' (the best strategy changed, even if faster;
@@ -361,7 +369,7 @@ def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> di
     old_step = doc["prediction"]["step_time_s"]
     new_step = fresh["prediction"]["step_time_s"]
     growth = new_step / old_step - 1.0
-    changed = diff({"strategy": doc["strategy"]}, {"strategy": fresh["strategy"]})
+    changed = diff(_strategies(doc), _strategies(fresh))
     recorded = doc["inputs"]["training"]["runtime"]
     if recorded in TARGETS and recorded not in [r["runtime"] for r in runnable_on(doc)]:
         verdict = "unrunnable"
@@ -385,13 +393,14 @@ def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> di
 
 
 def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request) -> dict:
-    """The plan on a mixed cluster, in this version on one pool: each pool alone with as many of
-    the `gpus` as it holds (make_plan on its plain cluster), the fastest of those plans, ties to
-    the earlier pool. The document is that pool's plan (inputs.cluster its cluster, so check,
-    diff and export read it as any plan), with `pools` listing every pool, the GPUs the plan
-    uses of it and the step time it reaches alone (or why it has none), and a note naming the
-    pools left idle. Strategies over several pools at once (stages or replicas per pool) are
-    not searched yet. The error of the first pool when no pool has a plan."""
+    """The plan on a mixed cluster: each pool alone with as many of the `gpus` as it holds
+    (make_plan on its plain cluster), the fastest of those plans, ties to the earlier pool; and
+    in the ideal space (the only one that has them: RuntimeRules.batch_shares), data-parallel
+    replicas over several pools with batch shares (search/shares.py), taken only where faster by
+    more than the tie tolerance. A plan on one pool is that pool's plan (inputs.cluster its
+    cluster, so check, diff and export read it as any plan); both kinds list every pool under
+    `pools`, the GPUs the plan uses of it and the step time it reaches alone (or why it has none),
+    with a note naming the pools left idle. The error of the first pool when no pool has a plan."""
     from planner.errors import PlannerError
 
     check_gpus(cluster, gpus)
@@ -406,14 +415,17 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
             first_error = first_error or e
             entry["why_not"] = str(e)
         entries.append(entry)
+    shares = None
+    if len(cluster.pools) > 1 and record_name(request["runtime"]) == "ideal":
+        alone = min((p[0] for p in plans), default=float("inf"))
+        shares = _shares(model, cluster, gpus, request, cutoff_s=alone / (1 + TIE_TOLERANCE))
+    if shares is not None:
+        return _shares_plan(model, cluster, request, shares, entries, [d for *_, d in plans])
     if not plans:
         raise type(first_error)(f"no pool of {cluster.name} has a plan on its own; "
                                 + "; ".join(f"{e['name']}: {e['why_not']}" for e in entries))
     _, _, chosen, doc = min(plans, key=lambda p: p[:2])
-    # the choice is proven where every pool's search was; the counts add up over the pools
-    searches = [d["search"] for *_, d in plans]
-    doc["search"] = {k: (all(s[k] for s in searches) if k == "proven_optimal" else sum(s[k] for s in searches))
-                     for k in doc["search"]}
+    doc["search"] = _summed([d["search"] for *_, d in plans])
     used = doc["inputs"]["training"]["gpus"]
     for entry in entries:
         entry["used_gpus"] = used if entry["name"] == chosen.name else 0
@@ -421,14 +433,112 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
                      if k in e} for e in entries]
     idle = [e for e in entries if not e["used_gpus"]]
     if idle or used < gpus:
+        several = (" No plan over several pools (batch shares, --runtime ideal) is faster by more than "
+                   f"{TIE_TOLERANCE:.0%}." if len(cluster.pools) > 1 and record_name(request["runtime"]) == "ideal"
+                   else " Plans over several pools (data-parallel replicas with batch shares) are searched in the "
+                   "ideal space only (--runtime ideal): no supported runtime runs them.")
         doc["notes"].append(
             f"mixed cluster {cluster.name} ({cluster.describe()}): the plan runs on pool {chosen.name} alone "
             f"({used} of the {gpus} GPUs asked for)"
             + ("; idle: " + ", ".join(f"{e['name']} ({e['gpus']} x {e['gpu']}"
                                       + (f", {e['step_time_s']:.4g} s alone)" if "step_time_s" in e else ", no plan)")
                                       for e in idle) if idle else "")
-            + ". Strategies over several pools at once are not searched yet.")
+            + "." + (several if len(cluster.pools) > 1 else ""))
     return doc
+
+
+def _summed(searches: list[dict]) -> dict:
+    """Search counts added up over several searches (proven where each was)."""
+    return {k: (all(s[k] for s in searches) if k == "proven_optimal" else sum(s[k] for s in searches))
+            for k in searches[0]}
+
+
+def _shares(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, cutoff_s: float):
+    """The fastest plan of batch shares over several pools below `cutoff_s` (search/shares.py),
+    each pool's share searched in the ideal space."""
+    from planner.search.shares import best_shares
+
+    def setup_of(i: int, n: int, share: int) -> TrainingSetup:
+        return _setup(model, cluster.pools[i].cluster, n, share, request["seq_len"], request["precision"],
+                      request["attention"], "ideal", request.get("memory_headroom", DEFAULT_HEADROOM),
+                      request.get("moe", MoeOptions()))
+
+    return best_shares(model, cluster, gpus, request["global_batch"], request["precision"], setup_of,
+                       request["constraints"],
+                       solver=request.get("solver", "highs"), time_limit_s=request.get("time_limit_s", 10.0),
+                       cutoff_s=cutoff_s)
+
+
+def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares, entries: list[dict],
+                 alone: list[dict]) -> dict:
+    """The document of a plan of batch shares: the strategy, stages and placement of the pool
+    with the most GPUs (strategy_pool; ties to the earlier pool), every pool's share under
+    pools[].share, and a prediction over all of them: the step of the slowest pool plus the
+    exchange between the pools, throughput and MFU over every GPU used (each at its own peak),
+    the strategy pool's breakdown with its wait for the slowest and the exchange added, and the
+    widest band of the pools'."""
+    from dataclasses import replace
+
+    from planner.bands import prediction_band
+    from planner.cost.step import model_flops_per_sequence
+    from planner.plan import inputs_block, rounded
+    from planner.schema import POOL_BREAKDOWN_KEYS
+
+    priced = []
+    for sh in shares.shares:
+        pool = cluster.pools[sh.pool]
+        priced.append((sh, pool, sh.candidate.estimate(model, pool.cluster, sh.setup)))
+    lead, lead_pool, lead_est = max(priced, key=lambda x: (x[0].setup.gpus, -x[0].pool))
+    step, x = shares.step_time_s, shares.exchange_s
+    used = sum(sh.setup.gpus for sh, _, _ in priced)
+    batch = request["global_batch"]
+    setup = replace(lead.setup, gpus=used, global_batch=batch)
+    notes = [n for sh, pool, est in priced for n in _notes(pool.cluster, sh.setup, mfu=est.mfu)]
+    doc = build_plan(model, lead_pool.cluster, lead.setup, lead.candidate.strategy, lead_est, request["constraints"],
+                     {"name": request.get("solver", "highs"), "time_limit_s": request.get("time_limit_s", 10.0)},
+                     notes=list(dict.fromkeys(notes)))
+    doc["inputs"] = inputs_block(model, cluster, setup, request["constraints"], doc["inputs"]["solver"])
+    peak = sum(sh.setup.gpus * pool.cluster.gpu.flops(sh.setup.precision) for sh, pool, _ in priced)
+    flops = model_flops_per_sequence(model, setup.seq_len) * batch
+    executed = sum(est.hfu * est.step_time_s * sh.setup.gpus * pool.cluster.gpu.flops(sh.setup.precision)
+                   for sh, pool, est in priced)
+    bands = [prediction_band(pool.cluster) for _, pool, _ in priced]
+    low, high = min(b.low for b in bands), max(b.high for b in bands)
+    p = doc["prediction"]
+    p.update(step_time_s=step, tokens_per_s=batch * setup.seq_len / step, model_tflops_per_gpu=flops / step / used / 1e12,
+             mfu=flops / step / peak, hfu=executed / step / peak,
+             fits=all(est.fits for *_, est in priced))
+    p["breakdown_s"].update(dict(zip(POOL_BREAKDOWN_KEYS, (step - x - lead_est.step_time_s, x))))
+    p["band"] = {"low_error": low, "high_error": high, "step_time_s": [step / (1 + high), step / (1 + low)],
+                 "rows": min(b.rows for b in bands),
+                 "basis": "the widest of its pools' bands: " + "; ".join(f"{pool.name}: {b.basis}"
+                                                                        for (_, pool, _), b in zip(priced, bands))}
+    by_pool = {pool.name: (sh, est) for sh, pool, est in priced}
+    for entry in entries:
+        sh, est = by_pool.get(entry["name"], (None, None))
+        entry["used_gpus"] = sh.setup.gpus if sh else 0
+        if sh:
+            entry["share"] = {"global_batch": sh.setup.global_batch, "step_time_s": est.step_time_s,
+                              "busy": est.step_time_s / step, "peak_memory_gib": bytes_to_gib(est.peak_memory_bytes),
+                              "capacity_gib": bytes_to_gib(est.capacity_bytes),
+                              "strategy": strategy_block(sh.candidate.strategy, sh.setup)}
+    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "step_time_s", "why_not", "share")
+                     if k in e} for e in entries]
+    doc["strategy_pool"] = lead_pool.name
+    slowest = max(priced, key=lambda q: (q[2].step_time_s, -q[0].pool))[1]
+    best_alone = min((d["prediction"]["step_time_s"] for d in alone), default=None)
+    doc["notes"].insert(0, (
+        f"mixed cluster {cluster.name}: data-parallel replicas over pools "
+        + ", ".join(f"{pool.name} ({sh.setup.gpus} x {pool.cluster.gpu.name}, {sh.setup.global_batch} of {batch} "
+                    f"sequences, {est.step_time_s:.4g} s)" for sh, pool, est in priced)
+        + f", each with its own strategy (the strategy block is pool {lead_pool.name}'s; the others are under "
+        f"pools[].share), then {x:.3g} s of gradient exchange between the pools. Pool {slowest.name} sets the step"
+        + (f"; the fastest pool alone takes {best_alone:.4g} s" if best_alone else "")
+        + ". Planned in the ideal space: no supported runtime runs per-pool strategies and batch shares"))
+    doc["search"] = {**(_summed([d["search"] for d in alone]) if alone else {}),
+                     "share_splits": shares.splits, "share_bounds": shares.bounded, "share_searches": shares.priced}
+    doc["search"]["proven_optimal"] = doc["search"].get("proven_optimal", True) and shares.proven_optimal
+    return _with_runtimes(rounded(doc))
 
 
 def _sweep_entry(request: dict, gpus: int, found=None) -> dict:

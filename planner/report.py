@@ -18,13 +18,17 @@ def _fmt_s(x: float) -> str:
 
 def estimate_table(plan: dict) -> None:
     st, pr = plan["strategy"], plan["prediction"]
-    tr = plan["inputs"]["training"]
-    title = (f"{plan['inputs']['model']['name']} on {tr['gpus']} x {plan['inputs']['cluster']['gpu']['name']} "
-             f"({plan['inputs']['cluster']['name']}), global batch {tr['global_batch']}, seq {tr['seq_len']}, {tr['precision']}"
+    tr, cluster = plan["inputs"]["training"], plan["inputs"]["cluster"]
+    on = (f"{tr['gpus']} GPUs of {cluster['name']} (" + " + ".join(
+          f"{p['used_gpus']} x {p['gpu']}" for p in plan.get("pools", []) if p["used_gpus"]) + ")"
+          if "pools" in cluster else f"{tr['gpus']} x {cluster['gpu']['name']} ({cluster['name']})")
+    title = (f"{plan['inputs']['model']['name']} on {on}, global batch {tr['global_batch']}, seq {tr['seq_len']}, "
+             f"{tr['precision']}"
              + (", expert all-to-alls overlapped" if tr.get("ep_overlap") else "")
              + (", experts folded (expert tp 1)" if tr.get("moe_folding") else ""))
     err.print(f"[bold]{esc(title)}[/bold]")
-    err.print(esc(_knobs(st)))
+    err.print((f"pool {plan['strategy_pool']}: " if "strategy_pool" in plan else "") + _knobs(st), markup=False,
+              highlight=False)
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column(justify="right")
@@ -38,7 +42,8 @@ def estimate_table(plan: dict) -> None:
              ("MFU", f"{pr['mfu'] * 100:.1f} %")]
     if "hfu" in pr:
         rows.append(("HFU", f"{pr['hfu'] * 100:.1f} %"))
-    rows.append(("memory per GPU", f"{pr['peak_memory_gib']:.2f} GiB  {fits}"))
+    rows.append(("memory per GPU" + (f" ({plan['strategy_pool']})" if "strategy_pool" in plan else ""),
+                 f"{pr['peak_memory_gib']:.2f} GiB  {fits}"))
     for label, value in rows:
         summary.add_row(label, value)
     err.print(summary)
@@ -162,25 +167,34 @@ def plan_table(plan: dict) -> None:
         err.print(f"search: {s['considered']:,} candidates, {s['pruned_memory']:,} pruned by the memory floor, "
                   f"{s['pruned_bound']:,} by the time bound or dominance, {s['priced']:,} priced "
                   f"({s['dp_programmes']:,} DP programmes, {s['ilp_solves']:,} ILPs); "
+                  + (f"batch shares: {s['share_splits']:,} splits, {s['share_bounds']:,} bounded, "
+                     f"{s['share_searches']:,} searched; " if "share_splits" in s else "")
                   + ("proven optimal in this space" if s["proven_optimal"] else "[yellow]not proven optimal[/yellow]"))
 
 
 def pools_table(plan: dict) -> None:
-    """A mixed cluster's pools: GPUs, the GPUs the plan uses, and each pool's best step alone."""
+    """A mixed cluster's pools: GPUs, the GPUs the plan uses, each pool's best step alone, and
+    where the plan spans several, each pool's share of the batch, its step on it, how busy that
+    keeps it and its strategy."""
+    shares = any("share" in p for p in plan["pools"])
     t = Table(title="pools", title_justify="left")
-    for col in ("pool", "GPU", "GPUs", "used", "alone"):
-        t.add_column(col, justify="left" if col in ("pool", "GPU", "alone") else "right")
+    for col in ("pool", "GPU", "GPUs", "used", "alone", *(("share", "step", "busy", "strategy") if shares else ())):
+        t.add_column(col, justify="left" if col in ("pool", "GPU", "alone", "strategy") else "right")
     for p in plan["pools"]:
         alone = _fmt_s(p["step_time_s"]) if "step_time_s" in p else f"[red]{esc(p['why_not'])}[/red]"
-        t.add_row(esc(p["name"]), esc(p["gpu"]), str(p["gpus"]), str(p["used_gpus"]) if p["used_gpus"] else "idle",
-                  alone)
+        row = [esc(p["name"]), esc(p["gpu"]), str(p["gpus"]), str(p["used_gpus"]) if p["used_gpus"] else "idle", alone]
+        if shares:
+            sh = p.get("share")
+            row += ([str(sh["global_batch"]), _fmt_s(sh["step_time_s"]), f"{sh['busy'] * 100:.1f} %",
+                     esc(_knobs(sh["strategy"]))] if sh else ["-", "-", "-", "-"])
+        t.add_row(*row)
     err.print(t)
 
 
 def _gpus_used(entry: dict) -> str:
-    """A sweep entry's GPU count, and on a mixed cluster the GPUs and pool its plan runs on."""
+    """A sweep entry's GPU count, and on a mixed cluster the GPUs and pools its plan runs on."""
     used = [p for p in entry["plan"].get("pools", []) if p["used_gpus"]]
-    return str(entry["gpus"]) + (f" ({used[0]['used_gpus']} {used[0]['name']})" if used else "")
+    return str(entry["gpus"]) + (" (" + " + ".join(f"{p['used_gpus']} {p['name']}" for p in used) + ")" if used else "")
 
 
 def sweep_table(doc: dict) -> None:

@@ -140,6 +140,10 @@ class RuntimeRules:
     moe_folding: bool = False
     """runs expert layers with their own tensor parallelism of 1 beside the dense tp (MoE parallel
     folding: megatron-core's expert_tensor_parallel_size, --expert-tensor-parallel-size 1)"""
+    batch_shares: bool = False
+    """runs data-parallel replicas of different kinds over a mixed cluster's pools, each with its
+    own strategy and share of the global batch (search/shares.py): no runtime we know does (each
+    assumes one strategy and an equal share per replica), so such plans are the ideal space's"""
     hybrid_zero: tuple[int, ...] = ()
     """the ZeRO stages it runs with hybrid sharding (Strategy.dp_shard: states sharded over
     groups of dp_shard data-parallel ranks, replicated across them): megatron ZeRO-1 with

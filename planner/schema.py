@@ -10,7 +10,10 @@ pools (mixed clusters). A v1 plan lacks the first three; diff, check, export and
 Later optional v2 keys: inputs.runtimes, alternatives[].runtime and best_per_runtime (a search
 over the union of several runtimes' spaces, the default), and training.runtime 'ideal' (the
 old 'any', still read as 'ideal'), inputs.training.ep_overlap and moe_folding, and
-strategy.dp_shard (hybrid sharding, only where set).
+strategy.dp_shard (hybrid sharding, only where set); a plan of batch shares over several
+pools (pools[].share, strategy_pool: the pool the strategy, stages and placement describe,
+inputs.cluster the mixed cluster, inputs.training its GPUs and whole batch, breakdown_s's
+pool_wait and pools_exchange).
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ STAGE = _obj({"index": {"type": "integer", "minimum": 0}, "layers": _RANGE,
               "time_per_microbatch_s": _NUM},
              required=["index", "layers", "recompute_layers", "memory_gib", "time_per_microbatch_s"])
 
-BREAKDOWN = _obj({k: _NUM for k in BREAKDOWN_KEYS})
+POOL_BREAKDOWN_KEYS = ("pool_wait", "pools_exchange")
+"""a plan of batch shares over several pools (search/shares.py) adds to its strategy pool's
+breakdown: how long that pool waits for the slowest, and the gradient exchange between them"""
+BREAKDOWN = _obj({k: _NUM for k in BREAKDOWN_KEYS + POOL_BREAKDOWN_KEYS}, required=list(BREAKDOWN_KEYS))
 MEMORY = _obj({k: _NUM for k in MEMORY_KEYS})
 _PREDICTION_V1 = {"step_time_s": _NUM, "tokens_per_s": _NUM, "model_tflops_per_gpu": _NUM, "mfu": _NUM,
                   "peak_memory_gib": _NUM, "fits": _BOOL, "capacity_gib": _NUM, "breakdown_s": BREAKDOWN,
@@ -78,10 +84,16 @@ INPUTS = _obj({**_INPUTS, "runtimes": {"type": "array", "items": _STR}}, require
 old default's space)"""
 _ALTERNATIVE = {"strategy": STRATEGY, "step_time_s": _NUM, "peak_memory_gib": _NUM, "why_not": _STR}
 ALTERNATIVE = _obj({**_ALTERNATIVE, "runtime": _STR}, required=list(_ALTERNATIVE))
+SHARE = _obj({"global_batch": _INT, "step_time_s": _NUM, "busy": _NUM, "peak_memory_gib": _NUM, "capacity_gib": _NUM,
+              "strategy": STRATEGY})
+"""a pool's part of a plan of batch shares over several pools: its sequences of the global
+batch, the step its own strategy takes on them, the share of the plan's step that is (busy), its
+peak memory and capacity"""
 POOL = _obj({"name": _STR, "cluster": _STR, "gpu": _STR, "gpus": _INT, "used_gpus": {"type": "integer", "minimum": 0},
-             "step_time_s": _NUM, "why_not": _STR}, required=["name", "cluster", "gpu", "gpus", "used_gpus"])
-"""one pool of a mixed cluster: its GPUs, how many the plan uses, and the best step time it
-reaches alone (or why it has no plan)"""
+             "step_time_s": _NUM, "why_not": _STR, "share": SHARE},
+            required=["name", "cluster", "gpu", "gpus", "used_gpus"])
+"""one pool of a mixed cluster: its GPUs, how many the plan uses, the best step time it
+reaches alone (or why it has no plan), and its share where the plan spans several pools"""
 PER_RUNTIME = _obj({"runtime": _STR, "step_time_s": _NUM, "strategy": STRATEGY, "why_not": _STR},
                    required=["runtime"])
 """one runtime's best plan in a search over several (a strategy summary and its step time), or
@@ -113,7 +125,8 @@ def _plan(version: str, inputs: dict, prediction: dict, extra: dict) -> dict:
 
 PLAN_SCHEMA = _plan("v2", INPUTS, PREDICTION, {"runnable_on": {"type": "array", "items": RUNNABLE},
                                               "best_per_runtime": {"type": "array", "items": PER_RUNTIME},
-                                              "pools": {"type": "array", "items": POOL}})
+                                              "pools": {"type": "array", "items": POOL},
+                                              "strategy_pool": _STR})
 PLAN_SCHEMA_V1 = _plan("v1", _obj({"model": {"type": "object"}, "cluster": {"type": "object"},
                                    "training": _obj(_TRAINING), "constraints": {"type": "object"},
                                    "solver": _SOLVER, "sha256": _STR}),

@@ -1,22 +1,28 @@
 """Mixed clusters, second step (issue 15): data-parallel replicas over several pools with batch
-shares (search/shares.py). Exactness against brute force over allocations, splits and each
-pool's search, and the lower bounds it prunes with."""
+shares (search/shares.py), in the ideal space. Exactness against brute force over allocations,
+splits and each pool's search; the lower bounds it prunes with; the document, its readers and
+its refusal by every runtime."""
 
 from __future__ import annotations
 
+import copy
 import itertools
+import json
 import random
 
 import pytest
 
+from conftest import run
 from planner.cost.comm import pools_exchange_s
 from planner.cost.step import compute_floor_s, dp_grad_bytes, estimate
 from planner.errors import PlannerError
 from planner.graph import model_params
-from planner.planning import _setup
+from planner.planning import _setup, check_plan, make_plan
+from planner.schema import PLAN_SCHEMA, check
 from planner.search.driver import search
 from planner.search.shares import allocations, best_shares, exchange_s
-from planner.spec.hardware import LinkTier, load_cluster
+from planner.search.space import RUNTIME_RULES, TIE_TOLERANCE
+from planner.spec.hardware import LinkTier, cluster_from_dict, load_cluster
 from planner.spec.model import ModelSpec, load_model
 from planner.spec.pools import MixedCluster, Pool
 
@@ -118,3 +124,79 @@ def test_the_compute_floor_is_below_every_priced_strategy():
             assert floor <= estimate(model, cluster, setup, cand.strategy).step_time_s * (1 + 1e-12)
             checked += 1
     assert checked >= 200
+
+
+@pytest.fixture(scope="module")
+def bench_mix():
+    """Issue 15's bench mix: llama3-70b, 32 H100 + 64 A100-80G, seq 4096, global batch 384."""
+    model, cluster = load_model("llama3-70b"), load_cluster("h100-plus-a100")
+    doc = make_plan(model, cluster, 96, global_batch=384, **{**SETUP, "seq_len": 4096}, runtime="ideal")
+    alone = make_plan(model, cluster.pools[0].cluster, 32, global_batch=384, **{**SETUP, "seq_len": 4096},
+                      runtime="ideal")
+    return doc, alone
+
+
+def test_the_bench_mix_uses_both_pools_and_beats_the_h100_pool_alone(bench_mix):
+    doc, alone = bench_mix
+    shares = [p["share"] for p in doc["pools"]]
+    assert [p["used_gpus"] for p in doc["pools"]] == [32, 64]
+    assert sum(s["global_batch"] for s in shares) == 384
+    assert doc["prediction"]["step_time_s"] * (1 + TIE_TOLERANCE) < alone["prediction"]["step_time_s"]
+    slowest = max(s["step_time_s"] for s in shares)
+    breakdown = doc["prediction"]["breakdown_s"]
+    assert doc["prediction"]["step_time_s"] == pytest.approx(slowest + breakdown["pools_exchange"], rel=1e-6)
+    assert sum(breakdown.values()) == pytest.approx(doc["prediction"]["step_time_s"], rel=1e-5)  # each rounded
+    assert max(s["busy"] for s in shares) == pytest.approx(slowest / doc["prediction"]["step_time_s"], rel=1e-4)
+    check(json.loads(json.dumps(doc)), PLAN_SCHEMA)
+
+
+def test_a_shares_plan_no_runtime_runs_reads_back_and_checks(bench_mix, tmp_path):
+    """Every runtime refuses it, naming the capability (RuntimeRules.batch_shares); check re-plans
+    it on the mixed cluster (ok), and calls it stale when one pool's share changed."""
+    doc, _ = bench_mix
+    assert doc["runnable_on"] == [] and not any(r.batch_shares for r in RUNTIME_RULES.values())
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(doc))
+    for runtime in ("megatron", "deepspeed", "torchtitan", "nanotron", "torchtitan@0.2"):
+        result = run("export", str(path), "--to", runtime)
+        assert result.returncode == 2 and "equal batch share on every data-parallel replica" in result.stderr
+    assert cluster_from_dict(doc["inputs"]["cluster"], "x") == load_cluster("h100-plus-a100")
+    assert check_plan(doc, 0.02)["verdict"] == "ok"
+    edited = copy.deepcopy(doc)
+    edited["pools"][0]["share"]["global_batch"] += 1
+    assert check_plan(edited, 0.02)["verdict"] == "stale"
+    assert run("diff", str(path), str(path)).returncode == 0
+    assert run("ranks", str(path)).returncode == 0
+
+
+def test_the_default_space_plans_one_pool_and_says_where_shares_are():
+    """The supported runtimes run no batch shares: the default plan takes one pool, and its note
+    says the ideal space has plans over several."""
+    doc = make_plan(SMALL, mix(1, 1), 16, global_batch=24, **SETUP, runtime="supported")
+    assert "strategy_pool" not in doc and sum(1 for p in doc["pools"] if p["used_gpus"]) == 1
+    assert any("searched in the ideal space only (--runtime ideal)" in n for n in doc["notes"])
+
+
+def test_the_plan_command_shows_each_pools_share(tmp_path):
+    result = run("plan", "-m", "llama3-8b", "-c", "h100-plus-a100", "--gpus", "96", "--global-batch", "96",
+                 "--seq-len", "2048", "--runtime", "ideal", "-o", str(tmp_path / "p.json"))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["strategy_pool"] in ("h100", "a100")
+    for shown in ("share", "busy", "pools_exchange", "batch shares:", "GPUs of h100-plus-a100 (32 x h100-sxm-80g + "):
+        assert shown in result.stderr
+
+
+def test_a_forecast_over_pools_runs_on_all_their_gpus():
+    """forecast on a mixed cluster in the ideal space: the row is the plan over both pools, its
+    GPUs named together and its energy at their power averaged by count."""
+    result = run("forecast", "-m", "llama3-8b", "-c", "h100-plus-a100", "--gpus", "96", "--global-batch", "96",
+                 "--seq-len", "2048", "--tokens", "1e10", "--runtime", "ideal", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    row = json.loads(result.stdout)["rows"][0]
+    plan = make_plan(load_model("llama3-8b"), load_cluster("h100-plus-a100"), 96, global_batch=96,
+                     **{**SETUP, "seq_len": 2048}, runtime="ideal")
+    assert row["gpu"] == "h100-sxm-80g+a100-sxm-80g" and row["step_time_s"] == pytest.approx(
+        plan["prediction"]["step_time_s"], rel=1e-5)
+    watts = (32 * H100.gpu.tdp_w + 64 * A100.gpu.tdp_w) / 96
+    assert row["energy_mwh"] == pytest.approx(row["gpu_hours"] * watts / 1e6, rel=1e-4)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from planner.errors import ExportError
 from planner.export import deepspeed, megatron, nanotron, torchtitan, torchtitan_config
-from planner.export.common import PlanView, check_record, read
-from planner.runtimes import RUNTIME_RULES
+from planner.export.common import PlanView, check_record, check_shares, read
+from planner.runtimes import RUNTIME_RULES, record_name
 
 MODULES = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan_config, "nanotron": nanotron,
            "torchtitan@0.2": torchtitan}
@@ -36,6 +36,7 @@ def export(plan: dict, runtime: str, fmt: str | None = None, view: PlanView | No
     if fmt not in formats:
         raise ExportError(f"{runtime} exports as {', '.join(formats)}; not {fmt!r}")
     v = read(plan) if view is None else view
+    check_shares(v, record_name(runtime), MODULES[runtime].RUNTIME)
     text = EXPORTERS[runtime](plan, v, fmt)
     if runtime in RUNTIME_RULES:  # and at least what the runtime's record refuses (search and estimate read it)
         check_record(v, runtime, MODULES[runtime].RUNTIME)

@@ -68,6 +68,9 @@ class PlanView:
     """expert layers without tensor parallelism (TrainingSetup.moe_folding)"""
     dp_shard: int = 0
     """hybrid sharding's shard group of data-parallel ranks (Strategy.dp_shard; 0: all of dp)"""
+    pool_shares: tuple[str, ...] = ()
+    """the mixed cluster's pools holding a share of the batch, where there are several
+    (search/shares.py: the strategy block is then one of theirs)"""
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
@@ -125,7 +128,8 @@ def read(plan: dict) -> PlanView:
                                           training.get("moe_dispatcher", "")),
                     ep_overlap=training.get("ep_overlap", False) is True,
                     moe_folding=training.get("moe_folding", False) is True,
-                    dp_shard=int(strategy.get("dp_shard", 0)), **t, **s)
+                    dp_shard=int(strategy.get("dp_shard", 0)),
+                    pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")), **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:
@@ -172,6 +176,16 @@ def check_rank_order(v: PlanView, runtime: str, orders: tuple[str, ...]) -> None
 def check_transformer(v: PlanView, runtime: str) -> None:
     require(not v.model.is_graph, runtime, "needs a transformer model spec",
             f"an explicit layer graph ({v.model.name})")
+
+
+def check_shares(v: PlanView, record: str | None, runtime: str) -> None:
+    """A plan of batch shares over several pools runs only where its runtime's record says it
+    runs them (RuntimeRules.batch_shares)."""
+    from planner.runtimes import RUNTIME_RULES
+    if len(v.pool_shares) > 1 and not (record in RUNTIME_RULES and RUNTIME_RULES[record].batch_shares):
+        raise refusal(runtime, "runs only one strategy, with an equal batch share on every data-parallel replica",
+                      f"replicas of different kinds with their own strategies and batch shares over pools "
+                      f"{', '.join(v.pool_shares)}")
 
 
 def check_record(v: PlanView, record: str, runtime: str) -> None:

@@ -226,7 +226,12 @@ def load_cluster(ref: str):
     path = resolve(ref, "hardware/clusters", "cluster")
     data = load_mapping(path)
     data.setdefault("name", path.stem)
+    return cluster_from_dict(data, str(path))
+
+
+def cluster_from_dict(data: dict, where: str):
+    """A Cluster from its spec mapping, or a spec/pools.MixedCluster where it lists `pools:`."""
     if "pools" in data:
         from planner.spec.pools import mixed_from_dict
-        return mixed_from_dict(data, str(path))
-    return Cluster.from_dict(data, str(path))
+        return mixed_from_dict(data, where)
+    return Cluster.from_dict(data, where)

@@ -53,6 +53,16 @@ class MixedCluster:
     def describe(self) -> str:
         return " + ".join(f"{p.name}: {p.gpus} x {p.cluster.gpu.name}" for p in self.pools)
 
+    def to_dict(self) -> dict:
+        """The spec with every pool's cluster resolved inline (mixed_from_dict reads it back)."""
+        d = {"name": self.name, "pools": [{"name": p.name, "cluster": p.cluster.to_dict(), "nodes": p.nodes}
+                                          for p in self.pools]}
+        if self.between_pools is not None:
+            d["between_pools"] = self.between_pools.to_dict()
+        if self.source:
+            d["source"] = self.source
+        return d
+
 
 def mixed_from_dict(data: dict, where: str) -> MixedCluster:
     """A mixed cluster from its spec mapping (SpecError naming the file and field)."""
