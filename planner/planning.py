@@ -17,7 +17,7 @@ from planner.search.space import TIE_TOLERANCE, conventional_reason, strategy_co
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
-from planner.spec.pools import MixedCluster, check_gpus
+from planner.spec.pools import MixedCluster, check_gpus, pool_precision
 from planner.spec.training import DEFAULT_HEADROOM, MoeOptions, TrainingSetup, check_gpu_count, resolve_strategy
 from planner.units import bytes_to_gib
 
@@ -407,8 +407,11 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
     plans, entries, first_error = [], [], None
     for pool in cluster.pools:
         entry = {"name": pool.name, "cluster": pool.cluster.name, "gpu": pool.cluster.gpu.name, "gpus": pool.gpus}
+        precision = pool_precision(pool, request["precision"])
+        if precision != request["precision"]:
+            entry["precision"] = precision
         try:
-            doc = make_plan(model, pool.cluster, min(gpus, pool.gpus), **request)
+            doc = make_plan(model, pool.cluster, min(gpus, pool.gpus), **{**request, "precision": precision})
             plans.append((doc["prediction"]["step_time_s"], len(plans), pool, doc))
             entry["step_time_s"] = doc["prediction"]["step_time_s"]
         except PlannerError as e:
@@ -429,8 +432,8 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
     used = doc["inputs"]["training"]["gpus"]
     for entry in entries:
         entry["used_gpus"] = used if entry["name"] == chosen.name else 0
-    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "step_time_s", "why_not")
-                     if k in e} for e in entries]
+    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "precision", "step_time_s",
+                                       "why_not") if k in e} for e in entries]
     idle = [e for e in entries if not e["used_gpus"]]
     if idle or used < gpus:
         several = (" No plan over several pools (batch shares, --runtime ideal) is faster by more than "
@@ -459,12 +462,12 @@ def _shares(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, c
     from planner.search.shares import best_shares
 
     def setup_of(i: int, n: int, share: int) -> TrainingSetup:
-        return _setup(model, cluster.pools[i].cluster, n, share, request["seq_len"], request["precision"],
-                      request["attention"], "ideal", request.get("memory_headroom", DEFAULT_HEADROOM),
-                      request.get("moe", MoeOptions()))
+        return _setup(model, cluster.pools[i].cluster, n, share, request["seq_len"],
+                      pool_precision(cluster.pools[i], request["precision"]), request["attention"], "ideal",
+                      request.get("memory_headroom", DEFAULT_HEADROOM), request.get("moe", MoeOptions()))
 
-    return best_shares(model, cluster, gpus, request["global_batch"], request["precision"], setup_of,
-                       request["constraints"],
+    precisions = tuple(pool_precision(p, request["precision"]) for p in cluster.pools)
+    return best_shares(model, cluster, gpus, request["global_batch"], precisions, setup_of, request["constraints"],
                        solver=request.get("solver", "highs"), time_limit_s=request.get("time_limit_s", 10.0),
                        cutoff_s=cutoff_s)
 
@@ -518,12 +521,13 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
         sh, est = by_pool.get(entry["name"], (None, None))
         entry["used_gpus"] = sh.setup.gpus if sh else 0
         if sh:
-            entry["share"] = {"global_batch": sh.setup.global_batch, "step_time_s": est.step_time_s,
+            entry["share"] = {"global_batch": sh.setup.global_batch, "precision": sh.setup.precision,
+                              "step_time_s": est.step_time_s,
                               "busy": est.step_time_s / step, "peak_memory_gib": bytes_to_gib(est.peak_memory_bytes),
                               "capacity_gib": bytes_to_gib(est.capacity_bytes),
                               "strategy": strategy_block(sh.candidate.strategy, sh.setup)}
-    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "step_time_s", "why_not", "share")
-                     if k in e} for e in entries]
+    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "precision", "step_time_s",
+                                       "why_not", "share") if k in e} for e in entries]
     doc["strategy_pool"] = lead_pool.name
     slowest = max(priced, key=lambda q: (q[2].step_time_s, -q[0].pool))[1]
     best_alone = min((d["prediction"]["step_time_s"] for d in alone), default=None)

@@ -84,16 +84,18 @@ INPUTS = _obj({**_INPUTS, "runtimes": {"type": "array", "items": _STR}}, require
 old default's space)"""
 _ALTERNATIVE = {"strategy": STRATEGY, "step_time_s": _NUM, "peak_memory_gib": _NUM, "why_not": _STR}
 ALTERNATIVE = _obj({**_ALTERNATIVE, "runtime": _STR}, required=list(_ALTERNATIVE))
-SHARE = _obj({"global_batch": _INT, "step_time_s": _NUM, "busy": _NUM, "peak_memory_gib": _NUM, "capacity_gib": _NUM,
+_PRECISION = {"type": "string", "enum": ["bf16", "fp16", "fp8"]}
+SHARE = _obj({"global_batch": _INT, "precision": _PRECISION, "step_time_s": _NUM, "busy": _NUM, "peak_memory_gib": _NUM, "capacity_gib": _NUM,
               "strategy": STRATEGY})
 """a pool's part of a plan of batch shares over several pools: its sequences of the global
-batch, the step its own strategy takes on them, the share of the plan's step that is (busy), its
+batch, the precision it trains in, the step its own strategy takes on them, the share of the plan's step that is (busy), its
 peak memory and capacity"""
 POOL = _obj({"name": _STR, "cluster": _STR, "gpu": _STR, "gpus": _INT, "used_gpus": {"type": "integer", "minimum": 0},
-             "step_time_s": _NUM, "why_not": _STR, "share": SHARE},
+             "precision": _PRECISION, "step_time_s": _NUM, "why_not": _STR, "share": SHARE},
             required=["name", "cluster", "gpu", "gpus", "used_gpus"])
 """one pool of a mixed cluster: its GPUs, how many the plan uses, the best step time it
-reaches alone (or why it has no plan), and its share where the plan spans several pools"""
+reaches alone (or why it has no plan), its precision where its GPU lacks the one requested
+(spec/pools.pool_precision), and its share where the plan spans several pools"""
 PER_RUNTIME = _obj({"runtime": _STR, "step_time_s": _NUM, "strategy": STRATEGY, "why_not": _STR},
                    required=["runtime"])
 """one runtime's best plan in a search over several (a strategy summary and its step time), or

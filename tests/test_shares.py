@@ -46,7 +46,7 @@ def brute_force(model, cluster, gpus, batch):
     best = float("inf")
     for used in allocations(cluster, gpus):
         idx = [i for i, n in enumerate(used) if n]
-        x = exchange_s(model, cluster, "bf16", used)
+        x = exchange_s(model, cluster, ("bf16",) * len(used), used)
         for split in itertools.product(range(1, batch), repeat=len(idx)):
             if sum(split) != batch:
                 continue
@@ -67,7 +67,7 @@ def test_the_shares_search_equals_brute_force(nodes, gpus, batch):
     """Issue 15's exactness: over every allocation of whole nodes (every GPU asked for used, two
     pools at least) and every split of the batch, the search's step is the brute force's."""
     cluster = mix(*nodes)
-    found = best_shares(SMALL, cluster, gpus, batch, "bf16", setup_of(SMALL, cluster), {})
+    found = best_shares(SMALL, cluster, gpus, batch, ("bf16",) * len(nodes), setup_of(SMALL, cluster), {})
     expected = brute_force(SMALL, cluster, gpus, batch)
     assert found is not None and found.step_time_s == pytest.approx(expected, rel=1e-12)
     assert sum(s.setup.global_batch for s in found.shares) == batch
@@ -77,8 +77,8 @@ def test_the_shares_search_equals_brute_force(nodes, gpus, batch):
 
 def test_a_cutoff_no_split_beats_gives_nothing():
     cluster = mix(1, 1)
-    found = best_shares(SMALL, cluster, 16, 24, "bf16", setup_of(SMALL, cluster), {})
-    assert best_shares(SMALL, cluster, 16, 24, "bf16", setup_of(SMALL, cluster), {},
+    found = best_shares(SMALL, cluster, 16, 24, ("bf16",) * 2, setup_of(SMALL, cluster), {})
+    assert best_shares(SMALL, cluster, 16, 24, ("bf16",) * 2, setup_of(SMALL, cluster), {},
                        cutoff_s=found.step_time_s) is None
 
 
@@ -97,8 +97,11 @@ def test_the_exchange_is_a_ring_over_the_pools_at_the_fewest_gpus_links():
     unmeasured = LinkTier(Bps=25e9, latency_s=0.0)
     assert pools_exchange_s(1e9, (8, 8), unmeasured) == pytest.approx(1e9 / (8 * 25e9 * 0.8))
     model = load_model("llama3-70b")
-    assert exchange_s(model, mix(4, 8), "bf16", (32, 0, 64)) == pools_exchange_s(
+    assert exchange_s(model, mix(4, 8), ("bf16",) * 3, (32, 0, 64)) == pools_exchange_s(
         model_params(model) * dp_grad_bytes("bf16"), (32, 64), LINK)
+    # the gradients cross in the widest reduction dtype of the pools used (fp16's is 2 bytes, bf16's 4)
+    assert exchange_s(model, mix(4, 8), ("fp16", "bf16", "fp16"), (32, 64, 0)) == exchange_s(
+        model, mix(4, 8), ("bf16",) * 3, (32, 64, 0)) > exchange_s(model, mix(4, 8), ("fp16",) * 3, (32, 64, 0))
 
 
 def test_the_compute_floor_is_below_every_priced_strategy():
@@ -221,3 +224,20 @@ def test_in_the_ideal_space_a_mix_is_bounded_by_its_best_pool_and_by_its_pools_a
         alone = make_plan(model, pool.cluster, pool.gpus, **setup)["prediction"]["step_time_s"]
         assert step <= alone * (1 + 1e-9)
     assert make_plan(model, better, gpus, **setup)["prediction"]["step_time_s"] <= step * (1 + TIE_TOLERANCE)
+
+
+def test_each_pool_trains_in_a_precision_its_gpu_has():
+    """spec/pools.pool_precision: fp8 asked of H100 + A100 runs the A100s in bf16, alone and in a
+    plan over both pools (each share says its precision); a GPU with no bf16 falls back to fp16."""
+    from dataclasses import replace as swap
+
+    from planner.spec.pools import pool_precision
+
+    cluster = mix(1, 2)
+    assert [pool_precision(p, "fp8") for p in cluster.pools] == ["fp8", "bf16"]
+    no_bf16 = swap(A100, gpu=swap(A100.gpu, peak_flops=(("fp16", 312e12),)))
+    assert pool_precision(Pool("old", no_bf16, 1), "bf16") == "fp16"
+    doc = make_plan(SMALL, cluster, 24, global_batch=48, **{**SETUP, "precision": "fp8"}, runtime="ideal")
+    assert doc["pools"][1]["precision"] == "bf16" and "step_time_s" in doc["pools"][1]
+    assert [p["share"]["precision"] for p in doc["pools"]] == ["fp8", "bf16"]
+    check(json.loads(json.dumps(doc)), PLAN_SCHEMA)

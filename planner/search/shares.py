@@ -69,18 +69,20 @@ def allocations(cluster: MixedCluster, gpus: int) -> list[tuple[int, ...]]:
     return [g for g in itertools.product(*options) if sum(g) == gpus and sum(1 for n in g if n) >= 2]
 
 
-def exchange_s(model: ModelSpec, cluster: MixedCluster, precision: str, used: tuple[int, ...]) -> float:
-    """The gradient exchange between the pools that hold GPUs in `used`."""
-    return pools_exchange_s(model_params(model) * dp_grad_bytes(precision), tuple(n for n in used if n),
-                            cluster.between_pools)
+def exchange_s(model: ModelSpec, cluster: MixedCluster, precisions: tuple[str, ...], used: tuple[int, ...]) -> float:
+    """The gradient exchange between the pools that hold GPUs in `used` (`precisions`: each
+    pool's; the gradients cross in the widest of their reductions' dtypes)."""
+    grad_bytes = max(dp_grad_bytes(p) for p, n in zip(precisions, used) if n)
+    return pools_exchange_s(model_params(model) * grad_bytes, tuple(n for n in used if n), cluster.between_pools)
 
 
-def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, precision: str,
+def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, precisions: tuple[str, ...],
                 setup_of: Callable[[int, int, int], TrainingSetup], fixed: dict, solver: str = "highs",
                 time_limit_s: float = 10.0, cutoff_s: float = float("inf")) -> SharesResult | None:
     """The fastest plan over several pools (module docstring) of `gpus` GPUs and global batch
-    `batch` whose step is below `cutoff_s`, or None. `setup_of(pool index, gpus, share)`: the
-    pool's training setup (a PlannerError: that share has no plan)."""
+    `batch` whose step is below `cutoff_s`, or None. `precisions`: each pool's (its setups');
+    `setup_of(pool index, gpus, share)`: the pool's training setup (a PlannerError: that share
+    has no plan)."""
     from planner.errors import PlannerError
 
     pools = cluster.pools
@@ -88,7 +90,7 @@ def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, 
     heap: list = []
     rates: dict = {}
     for used in allocations(cluster, gpus):
-        x = exchange_s(model, cluster, precision, used)
+        x = exchange_s(model, cluster, precisions, used)
         idx = [i for i, n in enumerate(used) if n]
         rate = []
         for i in idx:

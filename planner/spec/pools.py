@@ -100,6 +100,13 @@ def mixed_from_dict(data: dict, where: str) -> MixedCluster:
     return mixed
 
 
+def pool_precision(pool: Pool, requested: str) -> str:
+    """The precision a pool trains in: the one requested where its GPU has it, else bf16, else
+    fp16 (a mix of H100 and A100 asked for fp8 runs its A100s in bf16: Ampere has no FP8)."""
+    peaks = dict(pool.cluster.gpu.peak_flops)
+    return next((p for p in (requested, "bf16", "fp16") if p in peaks), requested)
+
+
 def check_gpus(cluster: MixedCluster, gpus: int) -> None:
     """A plan takes at most the cluster's GPUs."""
     if gpus > cluster.gpus:
