@@ -174,8 +174,8 @@ def plan_table(plan: dict) -> None:
 
 def pools_table(plan: dict) -> None:
     """A mixed cluster's pools: GPUs, the GPUs the plan uses, each pool's best step alone, and
-    where the plan spans several, each pool's share of the batch, its step on it, how busy that
-    keeps it and its strategy."""
+    where the plan spans several, each pool's share of the batch (and its precision), its step on
+    it, how busy that keeps it and its strategy."""
     shares = any("share" in p for p in plan["pools"])
     t = Table(title="pools", title_justify="left")
     for col in ("pool", "GPU", "GPUs", "used", "alone", *(("share", "step", "busy", "strategy") if shares else ())):
@@ -185,7 +185,7 @@ def pools_table(plan: dict) -> None:
         row = [esc(p["name"]), esc(p["gpu"]), str(p["gpus"]), str(p["used_gpus"]) if p["used_gpus"] else "idle", alone]
         if shares:
             sh = p.get("share")
-            row += ([str(sh["global_batch"]), _fmt_s(sh["step_time_s"]), f"{sh['busy'] * 100:.1f} %",
+            row += ([f"{sh['global_batch']} {sh['precision']}", _fmt_s(sh["step_time_s"]), f"{sh['busy'] * 100:.1f} %",
                      esc(_knobs(sh["strategy"]))] if sh else ["-", "-", "-", "-"])
         t.add_row(*row)
     err.print(t)
