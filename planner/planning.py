@@ -423,7 +423,7 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
         alone = min((p[0] for p in plans), default=float("inf"))
         shares = _shares(model, cluster, gpus, request, cutoff_s=alone / (1 + TIE_TOLERANCE))
     if shares is not None:
-        return _shares_plan(model, cluster, request, shares, entries, [d for *_, d in plans])
+        return _shares_plan(model, cluster, request, shares, entries, [(pool, d) for _, _, pool, d in plans])
     if not plans:
         raise type(first_error)(f"no pool of {cluster.name} has a plan on its own; "
                                 + "; ".join(f"{e['name']}: {e['why_not']}" for e in entries))
@@ -473,13 +473,14 @@ def _shares(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, c
 
 
 def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares, entries: list[dict],
-                 alone: list[dict]) -> dict:
+                 alone: list[tuple]) -> dict:
     """The document of a plan of batch shares: the strategy, stages and placement of the pool
     with the most GPUs (strategy_pool; ties to the earlier pool), every pool's share under
     pools[].share, and a prediction over all of them: the step of the slowest pool plus the
     exchange between the pools, throughput and MFU over every GPU used (each at its own peak),
     the strategy pool's breakdown with its wait for the slowest and the exchange added, and the
-    widest band of the pools'."""
+    widest band of the pools'; the runners-up are the pools' own plans alone (`alone`: (pool,
+    document) of each pool that has one)."""
     from dataclasses import replace
 
     from planner.bands import prediction_band
@@ -529,8 +530,15 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
     doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "precision", "step_time_s",
                                        "why_not", "share") if k in e} for e in entries]
     doc["strategy_pool"] = lead_pool.name
+    # the runners-up: each pool's plan alone (what the shares beat by more than the tie tolerance)
+    doc["alternatives"] = sorted(
+        ({"strategy": d["strategy"], "step_time_s": d["prediction"]["step_time_s"],
+          "peak_memory_gib": d["prediction"]["peak_memory_gib"],
+          "why_not": f"pool {pool.name} alone ({d['inputs']['training']['gpus']} x {pool.cluster.gpu.name}): slower "
+                     f"by {(d['prediction']['step_time_s'] / step - 1) * 100:.1f}%"} for pool, d in alone),
+        key=lambda a: a["step_time_s"])[:request.get("top", 3)]
     slowest = max(priced, key=lambda q: (q[2].step_time_s, -q[0].pool))[1]
-    best_alone = min((d["prediction"]["step_time_s"] for d in alone), default=None)
+    best_alone = min((d["prediction"]["step_time_s"] for _, d in alone), default=None)
     doc["notes"].insert(0, (
         f"mixed cluster {cluster.name}: data-parallel replicas over pools "
         + ", ".join(f"{pool.name} ({sh.setup.gpus} x {pool.cluster.gpu.name}, {sh.setup.global_batch} of {batch} "
@@ -539,7 +547,7 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
         f"pools[].share), then {x:.3g} s of gradient exchange between the pools. Pool {slowest.name} sets the step"
         + (f"; the fastest pool alone takes {best_alone:.4g} s" if best_alone else "")
         + ". Planned in the ideal space: no supported runtime runs per-pool strategies and batch shares"))
-    doc["search"] = {**(_summed([d["search"] for d in alone]) if alone else {}),
+    doc["search"] = {**(_summed([d["search"] for _, d in alone]) if alone else {}),
                      "share_splits": shares.splits, "share_bounds": shares.bounded, "share_searches": shares.priced}
     doc["search"]["proven_optimal"] = doc["search"].get("proven_optimal", True) and shares.proven_optimal
     return _with_runtimes(rounded(doc))

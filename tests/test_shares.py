@@ -133,7 +133,7 @@ def test_the_compute_floor_is_below_every_priced_strategy():
 def bench_mix():
     """Issue 15's bench mix: llama3-70b, 32 H100 + 64 A100-80G, seq 4096, global batch 384."""
     model, cluster = load_model("llama3-70b"), load_cluster("h100-plus-a100")
-    doc = make_plan(model, cluster, 96, global_batch=384, **{**SETUP, "seq_len": 4096}, runtime="ideal")
+    doc = make_plan(model, cluster, 96, global_batch=384, **{**SETUP, "seq_len": 4096, "top": 3}, runtime="ideal")
     alone = make_plan(model, cluster.pools[0].cluster, 32, global_batch=384, **{**SETUP, "seq_len": 4096},
                       runtime="ideal")
     return doc, alone
@@ -150,6 +150,10 @@ def test_the_bench_mix_uses_both_pools_and_beats_the_h100_pool_alone(bench_mix):
     assert doc["prediction"]["step_time_s"] == pytest.approx(slowest + breakdown["pools_exchange"], rel=1e-6)
     assert sum(breakdown.values()) == pytest.approx(doc["prediction"]["step_time_s"], rel=1e-5)  # each rounded
     assert max(s["busy"] for s in shares) == pytest.approx(slowest / doc["prediction"]["step_time_s"], rel=1e-4)
+    # its runners-up are the pools alone, fastest first
+    assert [a["step_time_s"] for a in doc["alternatives"]] == sorted(p["step_time_s"] for p in doc["pools"])
+    assert doc["alternatives"][0]["strategy"] == alone["strategy"]
+    assert "pool h100 alone (32 x h100-sxm-80g): slower by" in doc["alternatives"][0]["why_not"]
     check(json.loads(json.dumps(doc)), PLAN_SCHEMA)
 
 
