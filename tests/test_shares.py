@@ -245,3 +245,24 @@ def test_each_pool_trains_in_a_precision_its_gpu_has():
     assert doc["pools"][1]["precision"] == "bf16" and "step_time_s" in doc["pools"][1]
     assert [p["share"]["precision"] for p in doc["pools"]] == ["fp8", "bf16"]
     check(json.loads(json.dumps(doc)), PLAN_SCHEMA)
+
+
+@pytest.mark.parametrize("gpus, batch", [(8, 24), (16, 7), (16, 64)])
+def test_bounds_with_a_cutoff_leave_a_search_pruned_there_as_it_was(gpus, batch):
+    """bound_sweep(cutoff_s=c) leaves out candidates whose compute floor is at least c before
+    pricing their layer contexts: a search pruned at c (outside_s) on those bounds finds the
+    best step where it is below c, and nothing below c where it is not (a search pruned at c
+    may still return what it priced above c: the shares search reads that as 'not below c')."""
+    from planner.search.driver import bound_sweep
+
+    setup = _setup(SMALL, H100, gpus, batch, 2048, "bf16", "flash", "ideal", 0.05)
+    best = search(SMALL, H100, setup, {}, top=0).best.step_time_s
+    for cutoff in (best * 0.9, best, best * 1.05, best * 3):
+        full = search(SMALL, H100, setup, {}, top=0, outside_s=cutoff)
+        cut = search(SMALL, H100, setup, {}, top=0, outside_s=cutoff,
+                     found=bound_sweep(SMALL, H100, [setup], {}, cutoff_s=cutoff)[0])
+        if best < cutoff:
+            assert cut.best.step_time_s == full.best.step_time_s == best
+            assert cut.best.strategy == full.best.strategy
+        else:
+            assert cut.best is None or cut.best.step_time_s >= cutoff

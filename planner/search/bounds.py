@@ -33,6 +33,7 @@ from planner.cost import memory
 from planner.cost.pipeline import in_flight
 from planner.cost.step import (
     base_mode,
+    compute_floor_s,
     dp_grad_bytes,
     expert_fold,
     layer_kind_index,
@@ -131,12 +132,13 @@ def bound_all(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: d
 
 
 def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup], fixed: dict,
-                 rules: space.RuntimeRules, progress=None) -> list[Bounds]:
+                 rules: space.RuntimeRules, progress=None, cutoff_s: float = np.inf) -> list[Bounds]:
     """bound_all of setups that differ only in their GPU count and global batch (a sweep's, or
     a mixed cluster's pool at each batch share), in one pass: the candidates of all of them are
     bounded as one set of arrays (what costs is the number of array operations more than their
     length), then sorted and split by setup; the Bounds of each are those bound_all gives it
-    alone."""
+    alone. `cutoff_s`: leave out the candidates whose compute floor (below) is no better, which
+    no search pruned there would price, before their layer contexts are priced."""
     modes = space.recompute_modes(fixed, rules, setups[0].ep_overlap)
     shape = _shape(replace(setups[0], gpus=1, global_batch=1, memory_headroom=0.0))
     orders = rules.orders if "order" not in fixed else (fixed["order"],)
@@ -173,8 +175,8 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
                                                  layouts.setdefault(spans[4:], len(layouts)),
                                                  span_ids.setdefault(spans[:3], len(span_ids)), spans[3].nodes > 1,
                                                  duplicate))
-    rows, vpp_sets, considered, dominated = _rows(model, setups[0], fixed, rules, modes, shape, placements,
-                                                  [s.global_batch for s in setups])
+    rows, vpp_sets, considered, dominated = _rows(model, cluster, setups[0], fixed, rules, modes, shape, placements,
+                                                  [s.global_batch for s in setups], cutoff_s)
     span_sets = list(span_ids)
     # 'full' reads the same layer context as 'none' (its base rows)
     base = np.array([space.RECOMPUTES.index(base_mode(mode)) for mode in modes])[rows["mode"]]
@@ -198,7 +200,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
                                     for tp, cp, ep, mb, sp, b, s in used], dtype=np.int64))
 
     found = _bound_rows(model, cluster, setups[0], rules, outer, table, keys, build, layers, list(layouts), vpp_sets,
-                        considered, fixed.get("dp_overlap", True))
+                        considered, fixed.get("dp_overlap", True), cutoff_s)
     return [replace(b, dominated=int(d)) for b, d in zip(found, dominated)]
 
 
@@ -235,13 +237,14 @@ class _Placement(NamedTuple):
     """whether another rank order places every group alike"""
 
 
-def _rows(model, setup, fixed, rules, modes, shape, placements, batches: list[int]) -> tuple[dict, list, np.ndarray,
-                                                                                         np.ndarray]:
+def _rows(model, cluster, setup, fixed, rules, modes, shape, placements, batches: list[int],
+          cutoff_s: float = np.inf) -> tuple[dict, list, np.ndarray, np.ndarray]:
     """The candidate rows of the placements (bound_counts), in the order of a loop over
     placements, then micro-batches, then recompute modes: columns by name, with the candidates
     they stand for (times ZeRO stages and vpps) and those dominated (a duplicate placement;
     selective recomputation that keeps the same activations as none) per setup (`batches`: the
-    global batch of each), and the vpp sets the rows' 'vpps' index."""
+    global batch of each), and the vpp sets the rows' 'vpps' index; without the rows whose
+    compute floor at their most interleaved vpp is no better than `cutoff_s` (_least_pipe_s)."""
     setups = len(batches)
     if not placements:
         return ({k: np.zeros(0, dtype=int) for k in (*_Placement._fields, "mb", "mode", "m", "vpps")}, [],
@@ -266,6 +269,11 @@ def _rows(model, setup, fixed, rules, modes, shape, placements, batches: list[in
     rows["vpps"] = np.array(per_pair, dtype=np.int64)[pair_id]
     size = np.array([len(v) for v in vpp_ids])[rows["vpps"]] * rows["nzeros"]
     considered = np.bincount(rows["count"], weights=size, minlength=setups).astype(int)
+    if cutoff_s < np.inf:
+        most = np.array([max(v, default=1) for v in vpp_ids])[rows["vpps"]]
+        open_ = np.nonzero(_least_pipe_s(model, cluster, setup, rows["tp"], rows["cp"], rows["pp"], rows["mb"],
+                                         rows["m"], most) < cutoff_s)[0]
+        rows, size = {k: v[open_] for k, v in rows.items()}, size[open_]
     same = rows["dup"].astype(bool)
     if "selective" in modes and "none" in modes:
         # selective recomputation keeping the same memory as 'none' only adds time
@@ -324,7 +332,7 @@ class _Outer:
 
 
 def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers, layouts, vpp_sets, considered,
-                dp_overlap) -> list[Bounds]:
+                dp_overlap, cutoff_s: float = np.inf) -> list[Bounds]:
     """The bounds and floors of every (row, ZeRO stage, vpp) at once (formulas: module docstring),
     one Bounds per setup (the rows' 'count'). The memory floor comes first, from `layers`
     (cost/step.layer_memory per row's 'memory'); the layer contexts `keys` are priced (`build`)
@@ -366,6 +374,9 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     least_floor = np.full(setups, np.inf)
     np.minimum.at(least_floor, count[~fits], floor[~fits] * (1 - SAFETY))
     keep = np.nonzero(fits)[0]
+    if cutoff_s < np.inf:
+        tp, cp, mb = (column(k)[row[keep]] for k in ("tp", "cp", "mb"))
+        keep = keep[_least_pipe_s(model, cluster, setup, tp, cp, pp[keep], mb, m[keep], v[keep]) < cutoff_s]
     row, z, zp, v, count, c, lay, pp, shards, eshards, m, p2p, full, least_state, per_dense, per_expert = (
         x[keep] for x in (row, z, zp, v, count, c, lay, pp, shards, eshards, m, p2p, full, least_state,
                           per_dense, per_expert))
@@ -411,6 +422,16 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
                    bound_s=bound[o], pipe_s=pipe[o], considered=int(considered[k]), pruned_memory=int(pruned[k]),
                    least_floor_bytes=float(least_floor[k]), refiner=refiner, order=o)
             for k, o in enumerate(order[a:b] for a, b in zip(ends[:-1], ends[1:]))]
+
+
+def _least_pipe_s(model, cluster, setup, tp, cp, pp, mb, m, v) -> np.ndarray:
+    """The pipeline part of candidates' bounds with every stage at the compute floor: one
+    micro-batch's work on a tp x cp rank group is at least its share of a sequence's floor
+    (cost/step.compute_floor_s) times the micro-batch, so the sum over stages is, and the
+    bottleneck at least that over pp (pipeline_floor_s; lower the more interleaved)."""
+    sequence_s = compute_floor_s(model, cluster, replace(setup, gpus=1, global_batch=1))
+    sigma = sequence_s * mb / (tp * cp)
+    return pipeline_floor_s(sigma / pp, sigma, m, v)
 
 
 def even_split_max(ctx: Table, c: np.ndarray, pp: np.ndarray, v: np.ndarray, layers: int) -> np.ndarray:

@@ -224,10 +224,12 @@ def _fastest_within(model, cluster, setup, fixed, found, idx, bound, solver, tim
 
 
 def bound_sweep(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup],
-                fixed: dict | None = None) -> list[bounds.Bounds]:
+                fixed: dict | None = None, cutoff_s: float = float("inf")) -> list[bounds.Bounds]:
     """The bounds of the searches of setups that differ only in their GPU count and global
-    batch, computed together (bounds.bound_counts), for search(found=...)."""
-    return bounds.bound_counts(model, cluster, setups, _constraints(fixed), space.RUNTIME_RULES[setups[0].runtime])
+    batch, computed together (bounds.bound_counts), for search(found=...); `cutoff_s`: only for
+    searches pruned there (outside_s at most that), which never price what it leaves out."""
+    return bounds.bound_counts(model, cluster, setups, _constraints(fixed), space.RUNTIME_RULES[setups[0].runtime],
+                               cutoff_s=cutoff_s)
 
 
 def _search(model, cluster, setup, fixed, solver, time_limit_s, top, progress, found, rules,

@@ -16,7 +16,8 @@ than the best step found. Two lower bounds of F_i, each valid for every strategy
 
   - cost/step.compute_floor_s, linear in B_i (closed form: prunes most splits at once);
   - the pool search's own bound at that share (bounds.bound_counts: the least bound of any
-    candidate), computed only for the splits the first leaves open.
+    candidate), computed only for the splits the first leaves open, and only for candidates
+    whose compute floor is below the best step found (cutoff_s: the rest cannot be priced).
 
 What survives both is priced: each pool's search at its share, pruned at the best step found
 less the exchange. The result is the best plan over all allocations and splits under the cost
@@ -126,10 +127,12 @@ def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, 
                 except PlannerError:
                     lows[key] = float("inf")
                 else:
-                    bnd = bound_sweep(model, pools[i].cluster, [s], fixed)[0]
+                    # what the cutoff leaves out is no better than it, and every later cutoff is lower
+                    cutoff = best_s - x
+                    bnd = bound_sweep(model, pools[i].cluster, [s], fixed, cutoff_s=cutoff)[0]
                     bounded += 1
                     bounds[key] = (s, bnd)
-                    lows[key] = float(bnd.bound_s.min()) if len(bnd.bound_s) else float("inf")
+                    lows[key] = min(float(bnd.bound_s.min()) if len(bnd.bound_s) else float("inf"), cutoff)
             if lows[key] + x >= best_s:
                 pruned = True
                 break
@@ -147,6 +150,8 @@ def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, 
                 if r.best is None or not r.best.fits:
                     lows[key] = max(lows[key], best_s - x)  # nothing of it beats what was asked
                     break
+                # a best at or above what was asked is all the pruned search says of it: nothing
+                # of it is below that (the check below then drops the split, as every later one)
                 found[key] = (r.best.step_time_s, s, r.best)
             steps.append(found[key][0])
             if found[key][0] + x >= best_s:
