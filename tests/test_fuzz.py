@@ -87,7 +87,11 @@ def check_contract(code: int, out: str, err: str, as_json: bool) -> None:
 
 
 # a command line cannot carry a NUL byte (the OS ends each argument there)
-junk = st.one_of(st.text(st.characters(blacklist_characters="\x00"), max_size=12), st.integers(-10**25, 10**25).map(str),
+# text without surrogates (no argument holds one), and raw bytes as Python hands them over (an
+# argument that is not UTF-8 arrives with its bytes escaped as \udc80-\udcff: os.fsdecode)
+junk = st.one_of(st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=12),
+                 st.binary(min_size=1, max_size=4).filter(lambda b: b"\x00" not in b).map(os.fsdecode),
+                 st.integers(-10**25, 10**25).map(str),
                  st.floats(allow_nan=True, allow_infinity=True).map(repr), st.sampled_from(["", "-", "[/red]", "1e20"]))
 counts = st.one_of(st.integers(0, 1100).map(str), junk,
                    st.tuples(st.integers(0, 600), st.integers(0, 600)).map(lambda p: f"{p[0]}-{p[1]}"),
