@@ -469,7 +469,7 @@ def _shares(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, c
     precisions = tuple(pool_precision(p, request["precision"]) for p in cluster.pools)
     return best_shares(model, cluster, gpus, request["global_batch"], precisions, setup_of, request["constraints"],
                        solver=request.get("solver", "highs"), time_limit_s=request.get("time_limit_s", 10.0),
-                       cutoff_s=cutoff_s)
+                       cutoff_s=cutoff_s, progress=request.get("progress"))
 
 
 def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares, entries: list[dict],

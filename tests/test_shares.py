@@ -266,3 +266,14 @@ def test_bounds_with_a_cutoff_leave_a_search_pruned_there_as_it_was(gpus, batch)
             assert cut.best.strategy == full.best.strategy
         else:
             assert cut.best is None or cut.best.step_time_s >= cutoff
+
+
+@pytest.mark.parametrize("total, rates, limit", [(12, [1.0, 2.0], 9.0), (9, [1.0, 1.5, 3.0], 7.5), (5, [1.0, 1.0], 2.0),
+                                                 (10, [0.5, float("inf")], 4.0), (7, [1.0, 2.0, 3.0], float("inf"))])
+def test_the_splits_below_a_limit_are_those_brute_force_keeps(total, rates, limit):
+    """search/shares._splits_below yields, in order, exactly the positive splits of `total` each
+    of whose shares stays below `limit` at its rate."""
+    from planner.search.shares import _splits_below
+
+    every = [s for s in itertools.product(range(1, total + 1), repeat=len(rates)) if sum(s) == total]
+    assert list(_splits_below(total, rates, limit)) == [s for s in every if all(r * b < limit for r, b in zip(rates, s))]

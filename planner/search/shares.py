@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -79,11 +80,11 @@ def exchange_s(model: ModelSpec, cluster: MixedCluster, precisions: tuple[str, .
 
 def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, precisions: tuple[str, ...],
                 setup_of: Callable[[int, int, int], TrainingSetup], fixed: dict, solver: str = "highs",
-                time_limit_s: float = 10.0, cutoff_s: float = float("inf")) -> SharesResult | None:
+                time_limit_s: float = 10.0, cutoff_s: float = float("inf"), progress=None) -> SharesResult | None:
     """The fastest plan over several pools (module docstring) of `gpus` GPUs and global batch
     `batch` whose step is below `cutoff_s`, or None. `precisions`: each pool's (its setups');
     `setup_of(pool index, gpus, share)`: the pool's training setup (a PlannerError: that share
-    has no plan)."""
+    has no plan); `progress(done, total, what)`: called as splits are settled."""
     from planner.errors import PlannerError
 
     pools = cluster.pools
@@ -103,10 +104,8 @@ def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, 
                 except PlannerError:
                     rates[key] = float("inf")
             rate.append(rates[key])
-        for split in _splits(batch, len(idx)):
-            floor = max(r * b for r, b in zip(rate, split)) + x
-            if floor < best_s:
-                heap.append((floor, used, tuple(zip(idx, split)), x))
+        for split in _splits_below(batch, rate, best_s - x):
+            heap.append((max(r * b for r, b in zip(rate, split)) + x, used, tuple(zip(idx, split)), x))
     heapq.heapify(heap)
     splits = len(heap)
     bounds: dict = {}
@@ -116,6 +115,8 @@ def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, 
     proven = True
     while heap and heap[0][0] < best_s:
         floor, used, parts, x = heapq.heappop(heap)
+        if progress and (splits - len(heap)) % 64 == 0:
+            progress(splits - len(heap), splits, "batch shares over the pools")
         # the heaviest side first: its bound is the likeliest to prune the split alone
         order = sorted(parts, key=lambda p: -rates[(p[0], used[p[0]])] * p[1])
         pruned = False
@@ -169,11 +170,24 @@ def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, 
                         proven_optimal=proven)
 
 
-def _splits(total: int, parts: int):
-    """Every way to write `total` as `parts` positive integers, in order."""
-    if parts == 1:
-        yield (total,)
+def _splits_below(total: int, rates: list[float], limit: float):
+    """Every way to write `total` as len(rates) positive shares b_i with rates[i] * b_i < limit
+    for each (the others cannot beat `limit`), in order: the first share runs over what the
+    others can still hold, so nothing outside is generated."""
+    if not rates:
         return
-    for first in range(1, total - parts + 2):
-        for rest in _splits(total - first, parts - 1):
-            yield (first, *rest)
+    # the largest b with r * b < limit (every b where nothing limits)
+    most = [total if limit == math.inf else math.ceil(limit / r) - 1 if r < math.inf else 0 for r in rates]
+    most = [min(total, m) for m in most]
+    room = [sum(most[i:]) for i in range(len(rates))]  # what pools i.. can hold together
+
+    def walk(i: int, left: int, prefix: tuple):
+        if i == len(rates) - 1:
+            if 1 <= left <= most[i]:
+                yield (*prefix, left)
+            return
+        rest = len(rates) - i - 1  # each of the others needs at least one sequence
+        for b in range(max(1, left - room[i + 1]), min(most[i], left - rest) + 1):
+            yield from walk(i + 1, left - b, (*prefix, b))
+
+    yield from walk(0, total, ())
