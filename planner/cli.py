@@ -59,7 +59,8 @@ def _setup_options(f):
                      default="supported", show_default=True,
                      help="the space searched: supported = the union of megatron, deepspeed, torchtitan and nanotron (each "
                           "plan priced as the runtime that runs it); one of them; ideal = no runtime's limits "
-                          "(what-if: no runtime may run its plans; 'any' is its old name)"),
+                          "(what-if: no runtime may run its plans; on a mixed cluster it also searches data-parallel "
+                          "replicas over several pools with batch shares; 'any' is its old name)"),
     ]
     for opt in reversed(opts):
         f = opt(f)
