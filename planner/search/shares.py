@@ -108,33 +108,39 @@ def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, 
             heap.append((max(r * b for r, b in zip(rate, split)) + x, used, tuple(zip(idx, split)), x))
     heapq.heapify(heap)
     splits = len(heap)
-    bounds: dict = {}
-    lows: dict = {}  # (pool, gpus, share) -> a lower bound of F
-    found: dict = {}  # (pool, gpus, share) -> (step, setup, candidate) of the pool's fastest strategy
+    # per (pool, gpus, share), none depending on the other pools (whose GPUs set the exchange):
+    bounds: dict = {}  # -> (setup, the pool search's bounds, the cutoff they were cut at)
+    lows: dict = {}  # -> a lower bound of F
+    exact: dict = {}  # -> (F, setup, candidate): the pool's fastest strategy at that share
     bounded = priced = 0
     proven = True
+
+    def bound(key, i: int, n: int, b: int, cut: float) -> None:
+        nonlocal bounded
+        try:
+            s = setup_of(i, n, b)
+        except PlannerError:
+            lows[key] = float("inf")
+            return
+        # what the cutoff leaves out is no better than it (bounds.bound_counts)
+        bnd = bound_sweep(model, pools[i].cluster, [s], fixed, cutoff_s=cut)[0]
+        bounded += 1
+        bounds[key] = (s, bnd, cut)
+        lows[key] = max(lows.get(key, 0.0), min(float(bnd.bound_s.min()) if len(bnd.bound_s) else float("inf"), cut))
+
     while heap and heap[0][0] < best_s:
         floor, used, parts, x = heapq.heappop(heap)
         if progress and (splits - len(heap)) % 64 == 0:
             progress(splits - len(heap), splits, "batch shares over the pools")
+        limit = best_s - x  # what each pool's step must stay below for this split to beat the best
         # the heaviest side first: its bound is the likeliest to prune the split alone
         order = sorted(parts, key=lambda p: -rates[(p[0], used[p[0]])] * p[1])
         pruned = False
         for i, b in order:
             key = (i, used[i], b)
             if key not in lows:
-                try:
-                    s = setup_of(i, used[i], b)
-                except PlannerError:
-                    lows[key] = float("inf")
-                else:
-                    # what the cutoff leaves out is no better than it, and every later cutoff is lower
-                    cutoff = best_s - x
-                    bnd = bound_sweep(model, pools[i].cluster, [s], fixed, cutoff_s=cutoff)[0]
-                    bounded += 1
-                    bounds[key] = (s, bnd)
-                    lows[key] = min(float(bnd.bound_s.min()) if len(bnd.bound_s) else float("inf"), cutoff)
-            if lows[key] + x >= best_s:
+                bound(key, i, used[i], b, limit)
+            if lows[key] >= limit:
                 pruned = True
                 break
         if pruned:
@@ -142,26 +148,27 @@ def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, 
         steps = []
         for i, b in order:
             key = (i, used[i], b)
-            if key not in found:
-                s, bnd = bounds[key]
+            if key not in exact:
+                if bounds[key][2] < limit:  # cut below what this split allows (another exchange)
+                    bound(key, i, used[i], b, limit)
+                s, bnd, _ = bounds[key]
                 r = search(model, pools[i].cluster, s, fixed, solver=solver, time_limit_s=time_limit_s, top=0,
-                           found=bnd, outside_s=best_s - x)
+                           found=bnd, outside_s=limit)
                 priced += 1
                 proven = proven and r.proven_optimal
-                if r.best is None or not r.best.fits:
-                    lows[key] = max(lows[key], best_s - x)  # nothing of it beats what was asked
+                if r.best is None or not r.best.fits or r.best.step_time_s >= limit:
+                    # a search pruned at the limit says only that nothing of it is below it
+                    lows[key] = max(lows[key], limit)
                     break
-                # a best at or above what was asked is all the pruned search says of it: nothing
-                # of it is below that (the check below then drops the split, as every later one)
-                found[key] = (r.best.step_time_s, s, r.best)
-            steps.append(found[key][0])
-            if found[key][0] + x >= best_s:
+                exact[key] = (r.best.step_time_s, s, r.best)
+            steps.append(exact[key][0])
+            if exact[key][0] >= limit:
                 break
         else:
             step = max(steps) + x
             if step < best_s:
                 best_s = step
-                best = (step, x, [(i, found[(i, used[i], b)]) for i, b in sorted(parts)])
+                best = (step, x, [(i, exact[(i, used[i], b)]) for i, b in sorted(parts)])
     if best is None:
         return None
     step, x, chosen = best
