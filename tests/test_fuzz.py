@@ -149,7 +149,9 @@ def forecast_lines(draw):
                                   ["--batch-schedule", "16x2048:1e8,64x4096"]]))
     extra = {"--gpu-hour-price": st.sampled_from(["2.5", "0"]), "--pue": st.sampled_from(["1.1", "1"]),
              "--failure-rate": st.sampled_from(["1e-5", "0"]), "--storage-gbps": st.sampled_from(["100", "2000"]),
-             "--restart-s": st.sampled_from(["0", "300"]), "--steps": st.sampled_from(["10", "1000"])}
+             "--restart-s": st.sampled_from(["0", "300"]), "--steps": st.sampled_from(["10", "1000"]),
+             # ideal: on the mixed cluster, plans over several pools (batch shares)
+             "--runtime": st.sampled_from(["supported", "ideal"])}
     chosen = draw(st.lists(st.sampled_from(sorted(extra)), max_size=2, unique=True))
     names = [*fields, *chosen]
     corrupt = draw(st.sampled_from([None, None, *names]))
