@@ -70,6 +70,12 @@ def prediction_block(est: StepEstimate, band) -> dict:
                      "basis": band.basis}}
 
 
+def slower_by(step_time_s: float, best_step_s: float) -> str:
+    """How much slower a runner-up is than the plan, as its why_not says it."""
+    gap = (step_time_s / best_step_s - 1) * 100
+    return f"slower by {gap:.1f}%" if gap >= 0.1 else f"slower by {gap:.2g}%"
+
+
 def alternative_entry(s: Strategy, setup: TrainingSetup, step_time_s: float, peak_memory_bytes: float, fits: bool,
                       best_step_s: float, capacity_bytes: float, runtime: str | None = None,
                       conventions: str = "the same conventions") -> dict:
@@ -86,8 +92,7 @@ def alternative_entry(s: Strategy, setup: TrainingSetup, step_time_s: float, pea
     elif step_time_s <= best_step_s:
         why = "as fast: an equal alternative"
     else:
-        gap = (step_time_s / best_step_s - 1) * 100
-        why = f"slower by {gap:.1f}%" if gap >= 0.1 else f"slower by {gap:.2g}%"
+        why = slower_by(step_time_s, best_step_s)
     entry = {"strategy": strategy_block(s, setup), "step_time_s": step_time_s,
              "peak_memory_gib": bytes_to_gib(peak_memory_bytes), "why_not": why}
     if runtime is not None:

@@ -8,7 +8,7 @@ from planner.bands import mfu_warning
 from planner.cost.memory import capacity_bytes
 from planner.cost.step import estimate, expert_fold
 from planner.errors import InfeasibleError, SpecError
-from planner.plan import alternative_entry, build_plan, strategy_block
+from planner.plan import alternative_entry, build_plan, slower_by, strategy_block
 from planner.runtimes import RUNTIME_RULES, TARGETS, builds, ep_overlap_runs_mtp, model_refusal, record_name
 from planner.search import space
 from planner.search.driver import infeasible_message, most_conventional, search, strategy_key
@@ -395,9 +395,9 @@ def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> di
 def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request) -> dict:
     """The plan on a mixed cluster: each pool alone with as many of the `gpus` as it holds
     (make_plan on its plain cluster), the fastest of those plans, ties to the earlier pool; and
-    in the ideal space (the only one that has them: RuntimeRules.batch_shares), data-parallel
-    replicas over several pools with batch shares (search/shares.py), taken only where faster by
-    more than the tie tolerance. A plan on one pool is that pool's plan (inputs.cluster its
+    where the space has them (_has_shares: the ideal space's record only), data-parallel replicas
+    over several pools with batch shares (search/shares.py), taken only where faster by more than
+    the tie tolerance. A plan on one pool is that pool's plan (inputs.cluster its
     cluster, so check, diff and export read it as any plan); both kinds list every pool under
     `pools`, the GPUs the plan uses of it and the step time it reaches alone (or why it has none),
     with a note naming the pools left idle. The error of the first pool when no pool has a plan."""
@@ -418,8 +418,8 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
             first_error = first_error or e
             entry["why_not"] = str(e)
         entries.append(entry)
-    shares = None
-    if len(cluster.pools) > 1 and record_name(request["runtime"]) == "ideal":
+    shares, several = None, len(cluster.pools) > 1 and _has_shares(request["runtime"])
+    if several:
         alone = min((p[0] for p in plans), default=float("inf"))
         shares = _shares(model, cluster, gpus, request, cutoff_s=alone / (1 + TIE_TOLERANCE))
     if shares is not None:
@@ -436,18 +436,25 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
                                        "why_not") if k in e} for e in entries]
     idle = [e for e in entries if not e["used_gpus"]]
     if idle or used < gpus:
-        several = (" No plan over several pools (batch shares, --runtime ideal) is faster by more than "
-                   f"{TIE_TOLERANCE:.0%}." if len(cluster.pools) > 1 and record_name(request["runtime"]) == "ideal"
-                   else " Plans over several pools (data-parallel replicas with batch shares) are searched in the "
-                   "ideal space only (--runtime ideal): no supported runtime runs them.")
+        why = (f" No plan over several pools (batch shares) is faster by more than {TIE_TOLERANCE:.0%}." if several
+               else " Plans over several pools (data-parallel replicas with batch shares) are searched in the "
+               "ideal space only (--runtime ideal): no supported runtime runs them.")
         doc["notes"].append(
             f"mixed cluster {cluster.name} ({cluster.describe()}): the plan runs on pool {chosen.name} alone "
             f"({used} of the {gpus} GPUs asked for)"
             + ("; idle: " + ", ".join(f"{e['name']} ({e['gpus']} x {e['gpu']}"
                                       + (f", {e['step_time_s']:.4g} s alone)" if "step_time_s" in e else ", no plan)")
                                       for e in idle) if idle else "")
-            + "." + (several if len(cluster.pools) > 1 else ""))
+            + "." + (why if len(cluster.pools) > 1 else ""))
     return doc
+
+
+def _has_shares(runtime: str) -> bool:
+    """Whether the space a request names has plans of batch shares over several pools: its
+    record runs them (RuntimeRules.batch_shares); the supported runtimes' union has them where
+    one of them does."""
+    names = TARGETS if runtime == SUPPORTED else (record_name(runtime),)
+    return any(RUNTIME_RULES[n].batch_shares for n in names)
 
 
 def _summed(searches: list[dict]) -> dict:
@@ -458,12 +465,13 @@ def _summed(searches: list[dict]) -> dict:
 
 def _shares(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, cutoff_s: float):
     """The fastest plan of batch shares over several pools below `cutoff_s` (search/shares.py),
-    each pool's share searched in the ideal space."""
+    each pool's share searched in the request's space (one that has them: _has_shares)."""
     from planner.search.shares import best_shares
 
     def setup_of(i: int, n: int, share: int) -> TrainingSetup:
         return _setup(model, cluster.pools[i].cluster, n, share, request["seq_len"],
-                      pool_precision(cluster.pools[i], request["precision"]), request["attention"], "ideal",
+                      pool_precision(cluster.pools[i], request["precision"]), request["attention"],
+                      record_name(request["runtime"]),
                       request.get("memory_headroom", DEFAULT_HEADROOM), request.get("moe", MoeOptions()))
 
     precisions = tuple(pool_precision(p, request["precision"]) for p in cluster.pools)
@@ -484,7 +492,7 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
     from dataclasses import replace
 
     from planner.bands import prediction_band
-    from planner.cost.step import model_flops_per_sequence
+    from planner.cost.step import executed_flops_per_step, model_flops_per_sequence
     from planner.plan import inputs_block, rounded
     from planner.schema import POOL_BREAKDOWN_KEYS
 
@@ -504,8 +512,8 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
     doc["inputs"] = inputs_block(model, cluster, setup, request["constraints"], doc["inputs"]["solver"])
     peak = sum(sh.setup.gpus * pool.cluster.gpu.flops(sh.setup.precision) for sh, pool, _ in priced)
     flops = model_flops_per_sequence(model, setup.seq_len) * batch
-    executed = sum(est.hfu * est.step_time_s * sh.setup.gpus * pool.cluster.gpu.flops(sh.setup.precision)
-                   for sh, pool, est in priced)
+    executed = sum(executed_flops_per_step(model, sh.setup, sh.candidate.strategy, est.stages)
+                   for sh, _, est in priced)
     bands = [prediction_band(pool.cluster) for _, pool, _ in priced]
     low, high = min(b.low for b in bands), max(b.high for b in bands)
     p = doc["prediction"]
@@ -534,8 +542,8 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
     doc["alternatives"] = sorted(
         ({"strategy": d["strategy"], "step_time_s": d["prediction"]["step_time_s"],
           "peak_memory_gib": d["prediction"]["peak_memory_gib"],
-          "why_not": f"pool {pool.name} alone ({d['inputs']['training']['gpus']} x {pool.cluster.gpu.name}): slower "
-                     f"by {(d['prediction']['step_time_s'] / step - 1) * 100:.1f}%"} for pool, d in alone),
+          "why_not": f"pool {pool.name} alone ({d['inputs']['training']['gpus']} x {pool.cluster.gpu.name}): "
+                     + slower_by(d["prediction"]["step_time_s"], step)} for pool, d in alone),
         key=lambda a: a["step_time_s"])[:request.get("top", 3)]
     slowest = max(priced, key=lambda q: (q[2].step_time_s, -q[0].pool))[1]
     best_alone = min((d["prediction"]["step_time_s"] for _, d in alone), default=None)

@@ -143,7 +143,7 @@ class RuntimeRules:
     batch_shares: bool = False
     """runs data-parallel replicas of different kinds over a mixed cluster's pools, each with its
     own strategy and share of the global batch (search/shares.py): no runtime we know does (each
-    assumes one strategy and an equal share per replica), so such plans are the ideal space's"""
+    assumes one strategy and an equal share per replica), so only the ideal space has them"""
     hybrid_zero: tuple[int, ...] = ()
     """the ZeRO stages it runs with hybrid sharding (Strategy.dp_shard: states sharded over
     groups of dp_shard data-parallel ranks, replicated across them): megatron ZeRO-1 with
@@ -244,7 +244,8 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
     "ideal": RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True,
                           "the ideal space: no runtime's restrictions (for what-if analysis; no runtime may run "
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
-                          ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3)),
+                          ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3),
+                          batch_shares=True),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",

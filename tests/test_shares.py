@@ -162,7 +162,9 @@ def test_a_shares_plan_no_runtime_runs_reads_back_and_checks(bench_mix, tmp_path
     """Every runtime refuses it, naming the capability (RuntimeRules.batch_shares); check re-plans
     it on the mixed cluster (ok), and calls it stale when one pool's share changed."""
     doc, _ = bench_mix
-    assert doc["runnable_on"] == [] and not any(r.batch_shares for r in RUNTIME_RULES.values())
+    from planner.runtimes import TARGETS
+    assert doc["runnable_on"] == [] and not any(RUNTIME_RULES[r].batch_shares for r in TARGETS)
+    assert RUNTIME_RULES["ideal"].batch_shares  # the one space that has them
     path = tmp_path / "mix.json"
     path.write_text(json.dumps(doc))
     for runtime in ("megatron", "deepspeed", "torchtitan", "nanotron", "torchtitan@0.2"):

@@ -30,6 +30,12 @@ from planner.spec.measured import typical
 FLASH_BWD_FACTOR = 2.5
 """FlashAttention backward FLOPs over its forward's: 5 matmuls of the forward's 2 (Dao 2023, §3.1)"""
 FLASH_FWD_BWD_FACTOR = 1 + FLASH_BWD_FACTOR
+
+
+def attention_bwd_factor(flash: bool) -> float:
+    """Backward time of an attention core over its forward where it is priced as a GEMM: flash
+    recomputes the scores (FLASH_BWD_FACTOR), eager runs twice the forward's matmuls."""
+    return FLASH_BWD_FACTOR if flash else 2.0
 HIGH_PRECISION = "bf16"
 """what stays out of fp8 in the published FP8 recipes: the attention core, the LM head and the
 embedding (Transformer Engine's fp8_autocast covers the transformer blocks' linear layers;

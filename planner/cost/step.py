@@ -131,7 +131,7 @@ def attention_core_s(layer: Layer, ctx: Ctx, w, cluster: Cluster, precision: str
         if timed:
             return timed
     attn = compute.gemm_time_s(w.attn_flops, w.attn_intensity, gpu, compute.outside_fp8(precision, eff), eff)
-    return attn, (compute.FLASH_BWD_FACTOR if ctx.flash else 2.0) * attn
+    return attn, compute.attention_bwd_factor(ctx.flash) * attn
 
 
 @lru_cache(maxsize=65536)
@@ -788,7 +788,7 @@ def compute_floor_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup) ->
     tables = [v for t in (gpu.measured.attention if gpu.measured and not isinstance(eff, LegacyEfficiency) else ())
               for _, v in t.points]
     attn_rate = max([gemm] + [v * 1e12 * compute.framework(eff) for v in tables])
-    bwd = compute.FLASH_BWD_FACTOR if ctx.flash else 2.0
+    bwd = compute.attention_bwd_factor(ctx.flash)
     gemm_flops = 3 * (sum(f for w in works for f, _ in w.gemms) + head_work(model, ctx).gemm_flops)
     attn_flops = (1 + bwd) * sum(w.attn_flops for w in works)
     mem_bytes = (1 + ELEMENTWISE_BWD_FACTOR) * sum(w.elementwise_bytes + w.core_elementwise_bytes for w in works)
