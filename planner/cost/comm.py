@@ -176,3 +176,11 @@ def pools_exchange_s(grad_bytes: float, pool_gpus: tuple[int, ...], link: LinkTi
         return 0.0
     bw = link.busbw_Bps or link.Bps * TYPICAL_BUSBW_FRACTION
     return _ring("all_reduce", grad_bytes, len(pool_gpus), min(pool_gpus) * bw, link.latency_s)
+
+
+def pools_p2p_s(message_bytes, link: LinkTier):
+    """One point-to-point send between neighbouring pipeline stages on different pools of a
+    mixed cluster: over the link between the pools, at its measured bus bandwidth, else
+    TYPICAL_BUSBW_FRACTION of its rate (as pools_exchange_s)."""
+    bw = link.busbw_Bps or link.Bps * TYPICAL_BUSBW_FRACTION
+    return (message_bytes / bw + link.latency_s) * (message_bytes > 0)

@@ -320,11 +320,15 @@ def p2p_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp:
     and its gradient backward, once per virtual chunk. Megatron's scatter/gather optimisation
     (Narayanan et al. 2021 §4.1): each tp rank sends 1/tp of the activation and the receivers
     all-gather it over NVLink. tp, cp and micro_batch may be arrays."""
+    return 2 * vpp * comm.p2p_time_s(p2p_message_bytes(model, setup, tp, cp, micro_batch), inter_node, cluster)
+
+
+def p2p_message_bytes(model: ModelSpec, setup: TrainingSetup, tp, cp, micro_batch):
+    """Bytes one tp rank sends across a stage boundary per micro-batch (p2p_s): its 1/tp of the
+    boundary activation (a layer graph's largest explicit one)."""
     if model.is_graph:
-        msg = max(l.explicit[3] for l in _layers(model)) * micro_batch
-    else:
-        msg = setup.seq_len / cp * micro_batch * model.hidden * 2 / tp
-    return 2 * vpp * comm.p2p_time_s(msg, inter_node, cluster)
+        return max(l.explicit[3] for l in _layers(model)) * micro_batch
+    return setup.seq_len / cp * micro_batch * model.hidden * 2 / tp
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,6 +512,19 @@ def stage_time_floor_s(prof: Profile, i, chunks):
     negative: a lower bound of the stage's time for every count, computed without them. It adds
     up over layers, so its sum over the stages of a split is the same for every split."""
     return _stage_time(prof, i, _stage_sums(prof, chunks, 0, ("comp", "tp", "cp", "ep")))[2]
+
+
+def time_floor_parts_s(prof: Profile, recomputed: bool = False) -> tuple[np.ndarray, float, float]:
+    """stage_time_floor_s in its parts: each layer's (an array over the layer chain), the
+    embedding's and the head's, without the stage's p2p; a stage's floor is the sum of its
+    layers', the embedding's on the first stage, the head's on the last, and its p2p.
+    `recomputed`: every layer recomputes fully (recompute 'full' of all layers), whose
+    recomputation the floor then holds."""
+    a = np.arange(prof.model.layers)
+    sums = _stage_sums(prof, [(a, a + 1)], int(recomputed), ("comp", "tp", "cp", "ep"))
+    layers = np.broadcast_to(busy_s(sums["comp"], sums["rec"], sums["tp"], sums["cp"], sums["ep"]), a.shape)
+    E = prof.ends
+    return layers, float(E["emb_comp"] + E["emb_tp"]), float(E["head_comp"] + E["head_tp"])
 
 
 def _stage_sums(prof: Profile, chunks, recompute_layers, keys) -> dict:
@@ -713,7 +730,16 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
         terms = {k: np.array([np.broadcast_to(r[k], ()) for r in rows]) for k in rows[0]}
     else:
         terms = split_terms(prof, bounds, recompute_layers)
-    m = prof.microbatches
+    return estimate_of_terms(model, setup, s, bounds, terms, prof.microbatches, cluster.gpu.flops(setup.precision),
+                             (memory.capacity_bytes(cluster, setup),) * s.pp, min(cluster.gpus_per_node, setup.gpus))
+
+
+def estimate_of_terms(model: ModelSpec, setup: TrainingSetup, s: Strategy, bounds, terms: dict, m: int,
+                      peak_flops: float, capacities: tuple[float, ...], gpus_per_node: int) -> StepEstimate:
+    """The StepEstimate of a split's stage terms (split_terms, or cost/pools.pool_terms): step by
+    split_step, the breakdown of the bottleneck and tail stages, memory of the stage with the
+    highest peak, MFU and HFU over `peak_flops` (the dense peak per GPU, averaged over the GPUs
+    where stages sit on different ones); it fits when every stage fits its own capacity."""
     step_s, bubble_s, worst, tail = split_step(terms, m, s.vpp)
 
     per_stage = {k: np.broadcast_to(v, (s.pp,)).tolist() for k, v in terms.items()}
@@ -732,8 +758,6 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
     breakdown["dp_comm_exposed"] = at("dp_exposed", tail) + m * at("z", worst)
     breakdown["optimizer"] = at("optimizer", tail)
 
-    gpu = cluster.gpu
-    peak = gpu.flops(setup.precision)
     flops = model_flops_per_sequence(model, setup.seq_len) * setup.global_batch
     peak_stage = max(stages, key=lambda st: st.memory.total)
     degrees = expert_degrees(s.tp, s.cp, s.dp, s.pp, s.ep, setup.expert_tp(s.tp, model))
@@ -742,11 +766,11 @@ def estimate(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strate
         step_time_s=step_s, breakdown_s={k: breakdown[k] for k in BREAKDOWN_KEYS}, memory=peak_stage.memory,
         stages=tuple(stages), model_flops_per_step=flops,
         tokens_per_s=setup.global_batch * setup.seq_len / step_s,
-        model_tflops_per_gpu=flops / step_s / setup.gpus / 1e12, mfu=flops / step_s / setup.gpus / peak,
-        hfu=executed / step_s / setup.gpus / peak,
-        fits=peak_stage.memory.total <= memory.capacity_bytes(cluster, setup),
-        capacity_bytes=memory.capacity_bytes(cluster, setup),
-        tiers=tiers(s.order, degrees, min(cluster.gpus_per_node, setup.gpus)))
+        model_tflops_per_gpu=flops / step_s / setup.gpus / 1e12, mfu=flops / step_s / setup.gpus / peak_flops,
+        hfu=executed / step_s / setup.gpus / peak_flops,
+        fits=all(st.memory.total <= cap for st, cap in zip(stages, capacities)),
+        capacity_bytes=capacities[peak_stage.index],
+        tiers=tiers(s.order, degrees, gpus_per_node))
 
 
 @lru_cache(maxsize=64)
