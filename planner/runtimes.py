@@ -144,6 +144,13 @@ class RuntimeRules:
     """runs data-parallel replicas of different kinds over a mixed cluster's pools, each with its
     own strategy and share of the global batch (search/shares.py): no runtime we know does (each
     assumes one strategy and an equal share per replica), so only the ideal space has them"""
+    pool_stages: str = "none"
+    """which pipelines over a mixed cluster's pools it runs (search/pool_stages.py: consecutive
+    stages on different GPUs, one strategy, a layer count per stage): 'none'; 'same_library'
+    (Megatron-LM: --pipeline-model-parallel-layout gives every stage its own layer count, at
+    Megatron-LM 000c4ac and megatron-core 0.16.0 PipelineParallelLayerLayout; one job's
+    collectives run one library, so every GPU must run the same one, spec/hardware.COLLECTIVES:
+    NCCL and RCCL do not interoperate); 'any' (the ideal space)"""
     hybrid_zero: tuple[int, ...] = ()
     """the ZeRO stages it runs with hybrid sharding (Strategy.dp_shard: states sharded over
     groups of dp_shard data-parallel ranks, replicated across them): megatron ZeRO-1 with
@@ -245,14 +252,14 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                           "the ideal space: no runtime's restrictions (for what-if analysis; no runtime may run "
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                           ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3),
-                          batch_shares=True),
+                          batch_shares=True, pool_stages="any"),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
                              tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                              # validate_args: "Expert parallelism is not supported with fp16 training."
                              ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True,
-                             moe_folding=True, ends_accounted=True,
+                             moe_folding=True, ends_accounted=True, pool_stages="same_library",
                              # --num-distributed-optimizer-instances (megatron-core parallel_state:
                              # intra-partial groups of dp*cp/instances consecutive dp-cp ranks)
                              hybrid_zero=(1,)),

@@ -557,7 +557,7 @@ def _candidate(prof, split, counts) -> Candidate:
                      peak_memory_bytes=peak, fits=peak <= memory.capacity_bytes(prof.cluster, prof.setup))
 
 
-def _tables(prof, rules, width: int, counts: bool = False, cutoff: float = float("inf")):
+def _tables(prof, rules, width: int, counts: bool = False, cutoff: float = float("inf"), longest: int | None = None):
     """t, tail, ok of every stage position, first layer and length (<= width), shaped
     (pp, layers+1, width) for stages.best_split; priced only where some split of pp stages of
     1..width layers can hold that range at that position (elsewhere t is inf and ok False). With
@@ -568,9 +568,12 @@ def _tables(prof, rules, width: int, counts: bool = False, cutoff: float = float
     and leaves of its tail (_relaxed_tail): a relaxation, whose DP step is a lower bound for
     every count the ILP may choose afterwards (one count for every stage, the runtime's rule).
     A count the strategy fixes (recompute_layers, at most the range's length) is no choice: the
-    tables are then exact."""
+    tables are then exact. `longest`: ranges of more layers are left unpriced too (a caller that
+    knows they cannot be in a split it wants; the stage DP over pools gives each pool its own)."""
     L, p = prof.model.layers, prof.strategy.pp
     i, a, n = _ranges(p, L, width)
+    if longest is not None and longest < width:
+        i, a, n = i[n <= longest], a[n <= longest], n[n <= longest]
     m = prof.microbatches
     if cutoff < float("inf") and m > 1:
         # a split beats the cutoff only if (m - 1) * max t < cutoff - sum t - max tail, where sum t

@@ -17,6 +17,9 @@ from planner.units import GBps_to_Bps, gib_to_bytes, tflops_to_flops, us_to_s
 
 PRECISIONS = ("bf16", "fp16", "fp8")
 FAMILIES = ("ampere", "hopper", "blackwell", "cdna3", "ada", "generic")
+COLLECTIVES = {"ampere": "NCCL", "hopper": "NCCL", "blackwell": "NCCL", "ada": "NCCL", "cdna3": "RCCL"}
+"""the collective library each family's GPUs run (NVIDIA's NCCL, AMD's RCCL); the two do not
+interoperate, so the GPUs of one job's collectives and sends all run one of them"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,11 @@ class Gpu:
     tdp_w: float | None = None
     """the board power the vendor rates the part at (W): forecasts price energy as GPU-hours x
     tdp_w x PUE, the convention of published model cards; None: unknown"""
+
+    @property
+    def collectives(self) -> str:
+        """Its collective library (COLLECTIVES); a GPU of no known family has one of its own."""
+        return COLLECTIVES.get(self.family, f"that of {self.name}")
 
     def flops(self, precision: str) -> float:
         table = dict(self.peak_flops)

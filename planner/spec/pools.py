@@ -107,6 +107,13 @@ def pool_precision(pool: Pool, requested: str) -> str:
     return next((p for p in (requested, "bf16", "fp16") if p in peaks), requested)
 
 
+def common_precision(pools, requested: str) -> str:
+    """The one precision a job over several pools trains in: the one requested where every
+    pool's GPU has it, else bf16, else fp16 (pool_precision's order)."""
+    return next((p for p in (requested, "bf16", "fp16")
+                 if all(p in dict(pool.cluster.gpu.peak_flops) for pool in pools)), requested)
+
+
 def check_gpus(cluster: MixedCluster, gpus: int) -> None:
     """A plan takes at most the cluster's GPUs."""
     if gpus > cluster.gpus:
