@@ -25,9 +25,11 @@ SCENARIOS = (
     ("llama3-70b / 64-1024 x H100", "llama3-70b", "dgx-h100", "64-1024", 1024, 8192),
     ("deepseek-v3 / 2048 x H100", "deepseek-v3", "dgx-h100", "2048", 4096, 4096),
     ("llama3-70b / 32 H100 + 64 A100-80G", "llama3-70b", "h100-plus-a100", "96", 384, 4096),
+    ("llama3-70b / 32 H100 + 64 A100-80G, supported", "llama3-70b", "h100-plus-a100", "96", 384, 4096, "supported"),
 )
-"""the mixed scenario is issue 15's bench mix (hardware/clusters/h100-plus-a100.yaml): its search
-is each pool's (planning.plan_on_pools)"""
+"""the mixed scenarios are issue 15's bench mix (hardware/clusters/h100-plus-a100.yaml), the whole
+plan over its pools (planning.plan_on_pools): each pool alone, the pipelines over pools and, in
+the ideal space, batch shares; in the supported runtimes' space, pools alone and pipelines"""
 TARGET_S = 1.0
 DEPTHS = (1250, 2500, 5000, 10000)
 """the depth ladder: a GPT-style decoder of that many layers (depth_model) on 1,024 H100s, global

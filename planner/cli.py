@@ -59,8 +59,9 @@ def _setup_options(f):
                      default="supported", show_default=True,
                      help="the space searched: supported = the union of megatron, deepspeed, torchtitan and nanotron (each "
                           "plan priced as the runtime that runs it); one of them; ideal = no runtime's limits "
-                          "(what-if: no runtime may run its plans; on a mixed cluster it also searches data-parallel "
-                          "replicas over several pools with batch shares; 'any' is its old name)"),
+                          "(what-if: no runtime may run its plans; 'any' is its old name). On a mixed cluster "
+                          "every space has one pipeline over its pools where a runtime of it runs one "
+                          "(Megatron-LM), and ideal also data-parallel replicas over pools with batch shares"),
     ]
     for opt in reversed(opts):
         f = opt(f)

@@ -337,7 +337,8 @@ class _RanOn:
 
 def _ran_on(cluster, plan: dict) -> _RanOn:
     """The GPUs a plan runs on: the cluster itself, the pool of a mixed cluster that the plan uses
-    (planning.plan_on_pools), or over several pools (batch shares) their GPUs averaged by count
+    (planning.plan_on_pools), or over several pools (batch shares, or one pipeline over them) their
+    GPUs averaged by count
     (TDP and price; PUE by power), each known only where every pool states it."""
     if not isinstance(cluster, MixedCluster):
         used = [(cluster, 1)]

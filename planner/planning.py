@@ -17,7 +17,7 @@ from planner.search.space import TIE_TOLERANCE, conventional_reason, strategy_co
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
-from planner.spec.pools import MixedCluster, check_gpus, pool_precision
+from planner.spec.pools import MixedCluster, check_gpus, common_precision, pool_precision
 from planner.spec.training import DEFAULT_HEADROOM, MoeOptions, TrainingSetup, check_gpu_count, resolve_strategy
 from planner.units import bytes_to_gib
 
@@ -351,10 +351,13 @@ def replan(doc: dict, refresh_presets: bool = False) -> dict:
 
 def _strategies(doc: dict) -> dict:
     """What makes a plan the same plan (what compare.diff reads of it): its strategy, and over
-    several pools each pool's share of the batch and strategy."""
-    return {"strategy": doc["strategy"],
-            "pools": [{"name": p["name"], "share": {k: p["share"][k] for k in ("global_batch", "strategy")}}
-                      for p in doc.get("pools", []) if "share" in p]}
+    several pools each pool's share of the batch and strategy, or each stage's pool."""
+    out = {"strategy": doc["strategy"],
+           "pools": [{"name": p["name"], "share": {k: p["share"][k] for k in ("global_batch", "strategy")}}
+                     for p in doc.get("pools", []) if "share" in p]}
+    if any("pool" in st for st in doc.get("stages", [])):  # a pipeline over pools: each stage's pool
+        out["stages"] = [{"pool": st.get("pool")} for st in doc["stages"]]
+    return out
 
 
 def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> dict:
@@ -380,7 +383,7 @@ def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> di
                "re-plan for a plan the supported runtimes run")
     elif changed:
         verdict = "stale"
-        why = (f"the best strategy changed ({', '.join(c['key'].split('.', 1)[1] for c in changed)}); "
+        why = (f"the best strategy changed ({', '.join(c['key'].removeprefix('strategy.') for c in changed)}); "
                f"the new plan is {'faster' if growth < 0 else 'slower'} by {abs(growth) * 100:.2f}%")
     elif growth > tolerance:
         verdict = "regressed"
@@ -395,9 +398,11 @@ def check_plan(doc: dict, tolerance: float, refresh_presets: bool = False) -> di
 def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request) -> dict:
     """The plan on a mixed cluster: each pool alone with as many of the `gpus` as it holds
     (make_plan on its plain cluster), the fastest of those plans, ties to the earlier pool; and
-    where the space has them (_has_shares: the ideal space's record only), data-parallel replicas
-    over several pools with batch shares (search/shares.py), taken only where faster by more than
-    the tie tolerance. A plan on one pool is that pool's plan (inputs.cluster its
+    one pipeline over several pools (search/pool_stages.py, in the spaces whose records run them:
+    RuntimeRules.pool_stages) and, where the space has them (_has_shares: the ideal space's record
+    only), data-parallel replicas over several pools with batch shares (search/shares.py), each
+    taken only where faster than every pool alone by more than the tie tolerance, a pipeline
+    over the shares unless they beat it by more than the tolerance. A plan on one pool is that pool's plan (inputs.cluster its
     cluster, so check, diff and export read it as any plan); both kinds list every pool under
     `pools`, the GPUs the plan uses of it and the step time it reaches alone (or why it has none),
     with a note naming the pools left idle. The error of the first pool when no pool has a plan."""
@@ -418,10 +423,17 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
             first_error = first_error or e
             entry["why_not"] = str(e)
         entries.append(entry)
+    # a plan over several pools must beat every pool alone by more than the tie tolerance; of
+    # those, a pipeline over pools within the tolerance of the best batch shares is the plan
+    # (it is what a runtime may run), so shares, searched first, cap the pipelines' cutoff
+    alone = min((p[0] for p in plans), default=float("inf"))
     shares, several = None, len(cluster.pools) > 1 and _has_shares(request["runtime"])
     if several:
-        alone = min((p[0] for p in plans), default=float("inf"))
         shares = _shares(model, cluster, gpus, request, cutoff_s=alone / (1 + TIE_TOLERANCE))
+    cutoff = min(alone / (1 + TIE_TOLERANCE), shares.step_time_s * (1 + TIE_TOLERANCE) if shares else float("inf"))
+    staged = _pool_stages(model, cluster, gpus, request, cutoff_s=cutoff) if len(cluster.pools) > 1 else None
+    if staged is not None:
+        return _stages_plan(model, cluster, request, *staged, entries, [(pool, d) for _, _, pool, d in plans])
     if shares is not None:
         return _shares_plan(model, cluster, request, shares, entries, [(pool, d) for _, _, pool, d in plans])
     if not plans:
@@ -436,9 +448,10 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
                                        "why_not") if k in e} for e in entries]
     idle = [e for e in entries if not e["used_gpus"]]
     if idle or used < gpus:
-        why = (f" No plan over several pools (batch shares) is faster by more than {TIE_TOLERANCE:.0%}." if several
-               else " Plans over several pools (data-parallel replicas with batch shares) are searched in the "
-               "ideal space only (--runtime ideal): no supported runtime runs them.")
+        kinds = "pipeline stages over pools" + (" or batch shares" if several else "")
+        why = (f" No plan of {kinds} is faster by more than {TIE_TOLERANCE:.0%}."
+               + ("" if several else " Plans of data-parallel replicas with batch shares over pools are searched "
+                  "in the ideal space only (--runtime ideal): no supported runtime runs them."))
         doc["notes"].append(
             f"mixed cluster {cluster.name} ({cluster.describe()}): the plan runs on pool {chosen.name} alone "
             f"({used} of the {gpus} GPUs asked for)"
@@ -447,6 +460,113 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
                                       for e in idle) if idle else "")
             + "." + (why if len(cluster.pools) > 1 else ""))
     return doc
+
+
+def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, cutoff_s: float):
+    """The fastest pipeline over several pools below `cutoff_s` (search/pool_stages.py) in the
+    request's space, each runtime of it whose record runs them (RuntimeRules.pool_stages)
+    searched and priced as itself, ties to the earlier: (its setup, the result), or None. One
+    precision for every pool (spec/pools.common_precision)."""
+    from dataclasses import replace
+
+    from planner.search.pool_stages import best_pool_stages
+
+    found = None
+    precision = common_precision(cluster.pools, request["precision"])
+    first = cluster.pools[0].cluster
+    for name in _space_names(model, request["runtime"]):
+        rules = RUNTIME_RULES[name]
+        if rules.pool_stages == "none" or precision not in rules.precisions:
+            continue
+        try:
+            setup = _setup(model, first, first.gpus_per_node, request["global_batch"], request["seq_len"], precision,
+                           request["attention"], name, request.get("memory_headroom", DEFAULT_HEADROOM),
+                           moe_variants(model, name, request.get("moe", MoeOptions()))[0])
+        except SpecError:
+            continue
+        setup = replace(setup, gpus=gpus)
+        result = best_pool_stages(model, cluster, setup, request["constraints"], rules, cutoff_s=cutoff_s,
+                                  progress=request.get("progress"))
+        if result is not None:
+            found, cutoff_s = (setup, result), result.best.step_time_s
+    return found
+
+
+def _pools_band(used: list) -> dict:
+    """The band of a plan over several pools: the widest of its pools' (`used`: (pool, its
+    cluster) of each pool the plan uses), each pool's basis named."""
+    from planner.bands import prediction_band
+
+    bands = [(pool, prediction_band(c)) for pool, c in used]
+    low, high = min(b.low for _, b in bands), max(b.high for _, b in bands)
+    return {"low_error": low, "high_error": high, "rows": min(b.rows for _, b in bands),
+            "basis": "the widest of its pools' bands: " + "; ".join(f"{pool.name}: {b.basis}" for pool, b in bands)}
+
+
+def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: TrainingSetup, result,
+                 entries: list[dict], alone: list[tuple]) -> dict:
+    """The document of a pipeline over pools: the strategy every stage runs, each stage with its
+    pool (stages[].pool), the pools' GPUs and stages (pools[].used_gpus, pools[].stages: first
+    and last stage), a prediction over all of them (cost/pools.estimate_on_pools: MFU over the
+    mean peak of the GPUs, each stage fitting its own pool), the widest band of its pools'; the
+    runners-up are the pools' own plans alone (`alone`: (pool, document) of each pool that has one)."""
+    from planner.cost.pools import estimate_on_pools
+    from planner.plan import inputs_block, rounded
+
+    best = result.best
+    clusters = tuple(p.cluster for p in cluster.pools)
+    est = estimate_on_pools(model, clusters, cluster.between_pools, setup, best.strategy, best.stage_pool,
+                            best.bounds)
+    used = sorted(set(best.stage_pool))
+    notes = [n for j in used for n in _notes(clusters[j], setup, mfu=est.mfu)]
+    union = request["runtime"] == SUPPORTED
+    doc = build_plan(model, clusters[best.stage_pool[0]], setup, best.strategy, est, request["constraints"],
+                     {"name": request.get("solver", "highs"), "time_limit_s": request.get("time_limit_s", 10.0)},
+                     notes=list(dict.fromkeys(notes)))
+    doc["inputs"] = inputs_block(model, cluster, setup, request["constraints"], doc["inputs"]["solver"],
+                                 list(TARGETS) if union else None)
+    step = est.step_time_s
+    p = doc["prediction"]
+    band = _pools_band([(cluster.pools[j], clusters[j]) for j in used])
+    p["band"] = {**band, "step_time_s": [step / (1 + band["high_error"]), step / (1 + band["low_error"])]}
+    for stage, j in zip(doc["stages"], best.stage_pool):
+        stage["pool"] = cluster.pools[j].name
+    width = best.strategy.tp * best.strategy.cp * best.strategy.dp
+    for j, entry in enumerate(entries):
+        held = [i for i, q in enumerate(best.stage_pool) if q == j]
+        entry["used_gpus"] = len(held) * width
+        if held:
+            entry["stages"] = [held[0], held[-1]]
+    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "stages", "precision",
+                                       "step_time_s", "why_not") if k in e} for e in entries]
+    doc["alternatives"] = sorted(
+        ({"strategy": d["strategy"], "step_time_s": d["prediction"]["step_time_s"],
+          "peak_memory_gib": d["prediction"]["peak_memory_gib"],
+          "why_not": f"pool {pool.name} alone ({d['inputs']['training']['gpus']} x {pool.cluster.gpu.name}): "
+                     + slower_by(d["prediction"]["step_time_s"], step)} for pool, d in alone),
+        key=lambda a: a["step_time_s"])[:request.get("top", 3)]
+    slowest = max(est.stages, key=lambda st: st.time_per_microbatch_s)
+    best_alone = min((d["prediction"]["step_time_s"] for _, d in alone), default=None)
+    blocks = []
+    for j in best.order:
+        held = [st for st, q in zip(est.stages, best.stage_pool) if q == j]
+        first, last = held[0], held[-1]
+        blocks.append(f"{cluster.pools[j].name} (stage{'s' if len(held) > 1 else ''} {first.index}"
+                      + (f"-{last.index}" if len(held) > 1 else "")
+                      + f", {len(held) * width} x {clusters[j].gpu.name}, layers {first.chunks[0][0]}-"
+                        f"{last.chunks[-1][1]})")
+    doc["notes"].insert(0, (
+        f"mixed cluster {cluster.name}: one pipeline over pools " + ", ".join(blocks)
+        + f", every stage running the strategy above in {setup.precision}; each send between pools crosses "
+        f"the link between them. Stage {slowest.index} (pool {cluster.pools[best.stage_pool[slowest.index]].name}) "
+        f"is the slowest, {slowest.time_per_microbatch_s * 1e3:.4g} ms a micro-batch"
+        + (f"; the fastest pool alone takes {best_alone:.4g} s" if best_alone else "")
+        + (". Ranks are laid out pp outermost: launch the nodes of the first pool's stages first"
+           if setup.runtime != "ideal" else ". Planned in the ideal space")))
+    doc["search"] = {**(_summed([d["search"] for _, d in alone]) if alone else {}),
+                     "pool_stage_candidates": result.considered, "pool_stage_programmes": result.priced}
+    doc["search"]["proven_optimal"] = doc["search"].get("proven_optimal", True) and result.proven_optimal
+    return _with_runtimes(rounded(doc))
 
 
 def _has_shares(runtime: str) -> bool:

@@ -144,12 +144,14 @@ def plan_table(plan: dict) -> None:
     """The winner (as `estimate_table`), its stages, the runners-up and what the search did."""
     estimate_table(plan)
     stages = Table(title="pipeline stages", title_justify="left")
-    for col in ("stage", "layers", "recompute layers", "time / micro-batch", "memory GiB"):
-        stages.add_column(col, justify="right")
+    on_pools = any("pool" in st for st in plan["stages"])
+    for col in ("stage", *(("pool",) if on_pools else ()), "layers", "recompute layers", "time / micro-batch",
+                "memory GiB"):
+        stages.add_column(col, justify="left" if col == "pool" else "right")
     for st in plan["stages"]:
         layers = ", ".join(f"{a}-{b - 1}" for a, b in st.get("chunks", [st["layers"]]))
-        stages.add_row(str(st["index"]), layers, str(st["recompute_layers"]), _fmt_s(st["time_per_microbatch_s"]),
-                       f"{st['memory_gib']:.1f}")
+        stages.add_row(str(st["index"]), *((esc(st.get("pool", "")),) if on_pools else ()), layers,
+                       str(st["recompute_layers"]), _fmt_s(st["time_per_microbatch_s"]), f"{st['memory_gib']:.1f}")
     err.print(stages)
     if plan.get("pools"):
         pools_table(plan)
@@ -169,20 +171,27 @@ def plan_table(plan: dict) -> None:
                   f"({s['dp_programmes']:,} DP programmes, {s['ilp_solves']:,} ILPs); "
                   + (f"batch shares: {s['share_splits']:,} splits, {s['share_bounds']:,} bounded, "
                      f"{s['share_searches']:,} searched; " if "share_splits" in s else "")
+                  + (f"pipelines over pools: {s['pool_stage_candidates']:,} bounded, "
+                     f"{s['pool_stage_programmes']:,} split DPs; " if "pool_stage_candidates" in s else "")
                   + ("proven optimal in this space" if s["proven_optimal"] else "[yellow]not proven optimal[/yellow]"))
 
 
 def pools_table(plan: dict) -> None:
-    """A mixed cluster's pools: GPUs, the GPUs the plan uses, each pool's best step alone, and
-    where the plan spans several, each pool's share of the batch (and its precision), its step on
+    """A mixed cluster's pools: GPUs, the GPUs the plan uses, the stages it holds of a pipeline
+    over pools, each pool's best step alone, and where the plan spans several with batch shares, each pool's share of the batch (and its precision), its step on
     it, how busy that keeps it and its strategy."""
     shares = any("share" in p for p in plan["pools"])
     t = Table(title="pools", title_justify="left")
-    for col in ("pool", "GPU", "GPUs", "used", "alone", *(("share", "step", "busy", "strategy") if shares else ())):
+    staged = any("stages" in p for p in plan["pools"])
+    for col in ("pool", "GPU", "GPUs", "used", *(("stages",) if staged else ()), "alone",
+                *(("share", "step", "busy", "strategy") if shares else ())):
         t.add_column(col, justify="left" if col in ("pool", "GPU", "alone", "strategy") else "right")
     for p in plan["pools"]:
         alone = _fmt_s(p["step_time_s"]) if "step_time_s" in p else f"[red]{esc(p['why_not'])}[/red]"
-        row = [esc(p["name"]), esc(p["gpu"]), str(p["gpus"]), str(p["used_gpus"]) if p["used_gpus"] else "idle", alone]
+        held = p.get("stages")
+        row = [esc(p["name"]), esc(p["gpu"]), str(p["gpus"]), str(p["used_gpus"]) if p["used_gpus"] else "idle",
+               *(((f"{held[0]}" if held[0] == held[1] else f"{held[0]}-{held[1]}") if held else "-",) if staged else ()),
+               alone]
         if shares:
             sh = p.get("share")
             row += ([f"{sh['global_batch']} {sh['precision']}", _fmt_s(sh["step_time_s"]), f"{sh['busy'] * 100:.1f} %",

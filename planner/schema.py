@@ -13,7 +13,8 @@ old 'any', still read as 'ideal'), inputs.training.ep_overlap and moe_folding, a
 strategy.dp_shard (hybrid sharding, only where set); a plan of batch shares over several
 pools (pools[].share, strategy_pool: the pool the strategy, stages and placement describe,
 inputs.cluster the mixed cluster, inputs.training its GPUs and whole batch, breakdown_s's
-pool_wait and pools_exchange).
+pool_wait and pools_exchange); a pipeline over several pools (stages[].pool, pools[].stages,
+inputs.cluster the mixed cluster).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ _RANGE = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems
 STAGE = _obj({"index": {"type": "integer", "minimum": 0}, "layers": _RANGE,
               "chunks": {"type": "array", "items": _RANGE},
               "recompute_layers": {"type": "integer", "minimum": 0}, "memory_gib": _NUM,
-              "time_per_microbatch_s": _NUM},
+              "time_per_microbatch_s": _NUM, "pool": _STR},
              required=["index", "layers", "recompute_layers", "memory_gib", "time_per_microbatch_s"])
+"""pool: the mixed cluster's pool the stage sits on, in a pipeline over several pools"""
 
 POOL_BREAKDOWN_KEYS = ("pool_wait", "pools_exchange")
 """a plan of batch shares over several pools (search/shares.py) adds to its strategy pool's
@@ -91,11 +93,13 @@ SHARE = _obj({"global_batch": _INT, "precision": _PRECISION, "step_time_s": _NUM
 batch, the precision it trains in, the step its own strategy takes on them, the share of the plan's step that is (busy), its
 peak memory and capacity"""
 POOL = _obj({"name": _STR, "cluster": _STR, "gpu": _STR, "gpus": _INT, "used_gpus": {"type": "integer", "minimum": 0},
-             "precision": _PRECISION, "step_time_s": _NUM, "why_not": _STR, "share": SHARE},
+             "precision": _PRECISION, "step_time_s": _NUM, "why_not": _STR, "share": SHARE,
+             "stages": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}},
             required=["name", "cluster", "gpu", "gpus", "used_gpus"])
 """one pool of a mixed cluster: its GPUs, how many the plan uses, the best step time it
 reaches alone (or why it has no plan), its precision where its GPU lacks the one requested
-(spec/pools.pool_precision), and its share where the plan spans several pools"""
+(spec/pools.pool_precision), and its share where the plan spans several pools with batch
+shares, or its first and last stage where one pipeline spans them"""
 PER_RUNTIME = _obj({"runtime": _STR, "step_time_s": _NUM, "strategy": STRATEGY, "why_not": _STR},
                    required=["runtime"])
 """one runtime's best plan in a search over several (a strategy summary and its step time), or

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from planner.errors import ExportError
 from planner.export import deepspeed, megatron, nanotron, torchtitan, torchtitan_config
-from planner.export.common import PlanView, check_record, check_shares, read
+from planner.export.common import PlanView, check_pool_stages, check_record, check_shares, read
 from planner.runtimes import RUNTIME_RULES, record_name
 
 MODULES = {"megatron": megatron, "deepspeed": deepspeed, "torchtitan": torchtitan_config, "nanotron": nanotron,
@@ -37,6 +37,7 @@ def export(plan: dict, runtime: str, fmt: str | None = None, view: PlanView | No
         raise ExportError(f"{runtime} exports as {', '.join(formats)}; not {fmt!r}")
     v = read(plan) if view is None else view
     check_shares(v, record_name(runtime), MODULES[runtime].RUNTIME)
+    check_pool_stages(v, record_name(runtime), MODULES[runtime].RUNTIME)
     text = EXPORTERS[runtime](plan, v, fmt)
     if runtime in RUNTIME_RULES:  # and at least what the runtime's record refuses (search and estimate read it)
         check_record(v, runtime, MODULES[runtime].RUNTIME)

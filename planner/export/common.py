@@ -71,6 +71,11 @@ class PlanView:
     pool_shares: tuple[str, ...] = ()
     """the mixed cluster's pools holding a share of the batch, where there are several
     (search/shares.py: the strategy block is then one of theirs)"""
+    stage_pools: tuple[str, ...] = ()
+    """the pool of every stage of a pipeline over a mixed cluster's pools (search/pool_stages.py),
+    () on one kind of GPU"""
+    stage_libraries: tuple[str, ...] = ()
+    """the collective library of every stage's GPUs (spec/hardware.COLLECTIVES), beside stage_pools"""
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
@@ -121,6 +126,13 @@ def read(plan: dict) -> PlanView:
     s = {key: _get(plan, f"strategy.{key}") for key in knobs}
     t = {key: _get(plan, f"inputs.training.{key}") for key in ("gpus", "global_batch", "seq_len", "precision")}
     from planner.runtimes import dispatcher, record_name
+    from planner.spec.hardware import COLLECTIVES
+    pools = {p.get("name"): p.get("cluster", {}).get("gpu", {})
+             for p in _get(plan, "inputs.cluster").get("pools", []) if isinstance(p, dict)}
+    stage_pools = tuple(str(st["pool"]) for st in _get(plan, "stages") if "pool" in st)
+    if stage_pools and (len(stage_pools) != len(stages) or not set(stage_pools) <= set(pools)):
+        raise PlanFormatError("plan stages name pools the plan's inputs.cluster does not hold")
+    libraries = tuple(COLLECTIVES.get(pools[p].get("family"), f"that of {pools[p].get('name')}") for p in stage_pools)
     return PlanView(model=model, attention=training.get("attention", "flash"),
                     dp_overlap=strategy.get("dp_overlap", True), order=_get(plan, "placement.order"),
                     stages=tuple(stages),
@@ -129,7 +141,8 @@ def read(plan: dict) -> PlanView:
                     ep_overlap=training.get("ep_overlap", False) is True,
                     moe_folding=training.get("moe_folding", False) is True,
                     dp_shard=int(strategy.get("dp_shard", 0)),
-                    pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")), **t, **s)
+                    pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")),
+                    stage_pools=stage_pools, stage_libraries=libraries, **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:
@@ -186,6 +199,21 @@ def check_shares(v: PlanView, record: str | None, runtime: str) -> None:
         raise refusal(runtime, "runs only one strategy, with an equal batch share on every data-parallel replica",
                       f"replicas of different kinds with their own strategies and batch shares over pools "
                       f"{', '.join(v.pool_shares)}")
+
+
+def check_pool_stages(v: PlanView, record: str | None, runtime: str) -> None:
+    """A pipeline whose stages sit on several pools runs only where its runtime's record runs
+    one (RuntimeRules.pool_stages), and under 'same_library' on GPUs of one collective library."""
+    from planner.runtimes import RUNTIME_RULES
+    if len(set(v.stage_pools)) <= 1:
+        return
+    rule = RUNTIME_RULES[record].pool_stages if record in RUNTIME_RULES else "none"
+    require(rule != "none", runtime, "runs no pipeline over pools of different GPUs (a layer count per stage)",
+            "pipeline stages over pools " + ", ".join(dict.fromkeys(v.stage_pools)))
+    libraries = sorted(set(v.stage_libraries))
+    require(rule != "same_library" or len(libraries) == 1, runtime,
+            "runs one collective library per job (NCCL and RCCL do not interoperate)",
+            "stages on GPUs of " + " and ".join(libraries))
 
 
 def check_record(v: PlanView, record: str, runtime: str) -> None:

@@ -11,8 +11,10 @@ Refused, because Megatron-LM cannot run them as planned:
 - ZeRO 2 or 3 (the distributed optimizer shards optimizer states only: ZeRO-1);
 - full recompute whose per-stage counts no single --recompute-num-layers reproduces (block
   recompute of N layers applies to every stage, and to every virtual chunk with vpp > 1);
-- an uneven split in the middle stages, an uneven split with vpp > 1, virtual chunks of unequal
+- an uneven split in the middle stages (except a pipeline over a mixed cluster's pools, given
+  as --pipeline-model-parallel-layout), an uneven split with vpp > 1, virtual chunks of unequal
   size, and any layout other than Megatron's looped interleaving;
+- a pipeline over pools whose GPUs run different collective libraries (export/common.py);
 - a global batch that is not micro_batch * dp * micro-batches; sequence parallel with tp 1;
 - a sequence that is not a multiple of 2*cp (load-balanced context parallelism);
 - expert parallelism with fp16; a rank order other than tp-cp-ep-dp-pp or tp-cp-ep-pp-dp;
@@ -62,18 +64,31 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
     validate_args asserts it), one process per GPU, and what the user still supplies named in a
     comment, never defaulted."""
     cluster = plan["inputs"]["cluster"]
-    per_node = min(int(cluster["gpus_per_node"]), v.gpus)
+    placed = _pool_nodes(plan, v) if v.stage_pools else []
+    if placed:
+        sizes = {size for _, _, _, size in placed}
+        require(len(sizes) == 1, RUNTIME, "launches one process count per node (torchrun --nproc-per-node)",
+                "pools of " + " and ".join(str(n) for n in sorted(sizes)) + " GPUs a node")
+        per_node, families = sizes.pop(), {family for _, _, family, _ in placed}
+    else:
+        per_node, families = min(int(cluster["gpus_per_node"]), v.gpus), {cluster.get("gpu", {}).get("family", "")}
     nodes = v.gpus // per_node
-    family = cluster.get("gpu", {}).get("family", "")
     out = ["#!/usr/bin/env bash",
            f"# Megatron-LM launch of a planner plan: {v.model.name} on {v.gpus} GPUs ({nodes} node(s) of {per_node}).",
            f"# Checked against {CHECKED_AGAINST}.",
            "# Run it on every node with NODE_RANK (0.." + str(nodes - 1) + ") and MASTER_ADDR (node 0) set, and",
            "# MEGATRON the Megatron-LM checkout. You supply, after the script's arguments: data",
            "# (--data-path), tokenizer (--tokenizer-type, --tokenizer-model), steps (--train-iters), learning",
-           "# rate and schedule, checkpoints (--save, --load).",
-           "set -euo pipefail"]
-    if (v.tp > 1 or v.cp > 1) and family != "blackwell":
+           "# rate and schedule, checkpoints (--save, --load)."]
+    if placed:
+        # pipeline stages are the outermost ranks: a stage's pool must hold the node ranks of its ranks
+        out.append("# The stages sit on different pools; give each pool's nodes these NODE_RANKs:")
+        start = 0
+        for name, count, family, _ in placed:
+            out.append(f"#   pool {name}: NODE_RANK {start}" + (f"..{start + count - 1}" if count > 1 else ""))
+            start += count
+    out.append("set -euo pipefail")
+    if (v.tp > 1 or v.cp > 1) and families != {"blackwell"}:
         out.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # required by validate_args with tp or cp > 1 before Blackwell")
     elif v.ep_overlap:
         out.append("export CUDA_DEVICE_MAX_CONNECTIONS=32  # overlapped expert all-to-alls need more than one queue "
@@ -84,6 +99,24 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
     out.extend(f"  {line} \\" for line in lines)
     out.append('  "$@"')
     return "\n".join(out) + "\n"
+
+
+def _pool_nodes(plan: dict, v: PlanView) -> list[tuple[str, int, str, int]]:
+    """(pool, nodes, GPU family, GPUs a node) of each run of consecutive stages on one pool, first
+    stage first: the node ranks a pipeline over pools takes from each (its ranks pp outermost)."""
+    pools = {p["name"]: p["cluster"] for p in plan["inputs"]["cluster"]["pools"]}
+    width = v.gpus // v.pp
+    runs: list[list] = []
+    for name in v.stage_pools:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    out = []
+    for name, stages in runs:
+        per_node = int(pools[name]["gpus_per_node"])
+        out.append((name, stages * width // per_node, pools[name].get("gpu", {}).get("family", ""), per_node))
+    return out
 
 
 def arguments(v: PlanView) -> list[Arg]:
@@ -199,6 +232,8 @@ def _split(v: PlanView) -> list[Arg]:
                 + ([("--account-for-embedding-in-pipeline-split", None)] if embedding else [])
                 + ([("--account-for-loss-in-pipeline-split", None)] if loss else []))
     counts = [st.layers for st in v.stages]
+    if len(set(v.stage_pools)) > 1:
+        return [("--pipeline-model-parallel-layout", pipeline_layout(counts, v.model.mtp_layers))]
     middle = counts[1:-1] or counts[-1:]
     require(len(set(middle)) == 1, RUNTIME, "splits unevenly only on the first and last stage",
             "stages of " + "/".join(map(str, counts)) + " layers")
@@ -208,6 +243,16 @@ def _split(v: PlanView) -> list[Arg]:
     if len(counts) > 2 and counts[-1] != middle[0]:
         args += [("--decoder-last-pipeline-num-layers", counts[-1])]
     return args
+
+
+def pipeline_layout(counts: list[int], mtp_layers: int = 0) -> str:
+    """--pipeline-model-parallel-layout of stages holding `counts` decoder layers: the embedding
+    on the first, the MTP layers and the loss on the last, stages split by '|', 't*n' for n
+    decoder layers (megatron-core PipelineParallelLayerLayout.parse_str_to_list)."""
+    stages = [("t" if n == 1 else f"t*{n}") if n else "" for n in counts]
+    stages[0] = "E" + stages[0]
+    stages[-1] += ("m" if mtp_layers == 1 else f"m*{mtp_layers}" if mtp_layers else "") + "L"
+    return "|".join(stages)
 
 
 def _batch(v: PlanView) -> list[Arg]:

@@ -1,0 +1,246 @@
+"""Mixed clusters, third step (issue 15): one pipeline whose stages sit on different pools
+(search/pool_stages.py, priced by cost/pools.py), the heterogeneous plan Megatron-LM runs with
+--pipeline-model-parallel-layout. Exactness against brute force over orders, strategies and
+splits; the bound it prunes with; the pricing against the single-pool cost model; the document,
+its export and its refusals."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import random
+from dataclasses import replace
+from itertools import pairwise
+
+import pytest
+
+from conftest import run
+from planner.cost.pools import crossing_s, estimate_on_pools, pool_terms, stage_pools
+from planner.cost.step import estimate, profile, split_step
+from planner.planning import _setup, check_plan, make_plan
+from planner.runtimes import RUNTIME_RULES
+from planner.schema import PLAN_SCHEMA, check
+from planner.search.pool_stages import bound_s, best_pool_stages, candidates, item_floors_s, pool_rules
+from planner.search.space import TIE_TOLERANCE, strategy_conventions
+from planner.spec.hardware import LinkTier, load_cluster
+from planner.spec.model import ModelSpec, load_model
+from planner.spec.pools import MixedCluster, Pool
+
+H100, A100, MI300X = load_cluster("dgx-h100"), load_cluster("dgx-a100-80g"), load_cluster("mi300x-8")
+TINY = ModelSpec(name="tiny", layers=6, hidden=2048, heads=16, ffn_hidden=8192, vocab=32000, seq_len=2048)
+LINK = LinkTier(Bps=25e9, latency_s=6e-6, busbw_Bps=24e9)
+
+
+def mix(*nodes: int, clusters=(H100, A100)) -> MixedCluster:
+    return MixedCluster("mix", tuple(Pool(f"p{i}", c, n) for i, (c, n) in enumerate(zip(clusters, nodes))), LINK)
+
+
+def job(model, cluster: MixedCluster, gpus: int, batch: int, runtime: str = "megatron"):
+    first = cluster.pools[0].cluster
+    return replace(_setup(model, first, first.gpus_per_node, batch, 2048, "bf16", "flash", runtime, 0.05), gpus=gpus)
+
+
+def brute_force(model, cluster, setup, fixed, runtime):
+    """Every strategy of the space, every order of its pools and every split, priced by
+    cost/pools.pool_terms; the most conventional within TIE_TOLERANCE of the fastest."""
+    clusters = [p.cluster for p in cluster.pools]
+    priced = []
+    for used, s in candidates(model, cluster, setup, fixed, pool_rules(RUNTIME_RULES[runtime])):
+        width = s.tp * s.cp * s.dp
+        counts = {j: g // width for j, g in enumerate(used) if g}
+        profs = {j: profile(model, clusters[j], setup, s) for j in counts}
+        for order in itertools.permutations(counts):
+            stage_pool = stage_pools(order, tuple(counts[j] for j in order))
+            for cuts in itertools.combinations(range(1, model.layers), s.pp - 1):
+                bounds = list(pairwise((0, *cuts, model.layers)))
+                terms = pool_terms(profs, stage_pool, cluster.between_pools, bounds)
+                fits = all(terms["memory"][i] <= profs[j].cluster.gpu.memory_bytes * (1 - setup.memory_headroom)
+                           for i, j in enumerate(stage_pool))
+                if fits:
+                    priced.append((split_step(terms, s.num_microbatches(setup.global_batch), 1)[0], s, stage_pool))
+    fastest = min(p[0] for p in priced)
+    return min((p for p in priced if p[0] <= fastest * (1 + TIE_TOLERANCE)),
+               key=lambda p: (strategy_conventions(p[1], 8), p[0]))
+
+
+@pytest.mark.parametrize("nodes, gpus, batch, runtime", [((1, 1), 16, 8, "megatron"), ((1, 2), 24, 4, "ideal"),
+                                                         ((2, 1), 24, 8, "megatron")])
+def test_the_search_equals_brute_force(nodes, gpus, batch, runtime):
+    """Issue 15's exactness for pipelines over pools: over every allocation, order of the pools,
+    strategy and contiguous split, the search's plan is the brute force's (the rule's choice
+    within the tie tolerance included), and its step is the cost model's price of its split."""
+    cluster = mix(*nodes)
+    setup = job(TINY, cluster, gpus, batch, runtime)
+    found = best_pool_stages(TINY, cluster, setup, {}, RUNTIME_RULES[runtime])
+    step, strategy, stage_pool = brute_force(TINY, cluster, setup, {}, runtime)
+    assert found is not None and found.proven_optimal
+    assert found.best.step_time_s == pytest.approx(step, rel=1e-12)
+    assert (found.best.strategy, found.best.stage_pool) == (strategy, stage_pool)
+    est = estimate_on_pools(TINY, tuple(p.cluster for p in cluster.pools), cluster.between_pools, setup,
+                            found.best.strategy, found.best.stage_pool, found.best.bounds)
+    assert est.step_time_s == pytest.approx(found.best.step_time_s, rel=1e-12) and est.fits
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bound_is_below_every_order_and_split(seed):
+    """search/pool_stages.bound_s: at most the price of every order of the pools and every
+    split, for random strategies of random mixes (the search prunes on it)."""
+    rng = random.Random(seed)
+    cluster = mix(rng.choice([1, 2]), rng.choice([1, 2]))
+    setup = job(TINY, cluster, cluster.gpus, rng.choice([8, 16]), "ideal")
+    clusters = [p.cluster for p in cluster.pools]
+    every = list(candidates(TINY, cluster, setup, {}, pool_rules(RUNTIME_RULES["ideal"])))
+    for used, s in rng.sample(every, 12):
+        width = s.tp * s.cp * s.dp
+        counts = {j: g // width for j, g in enumerate(used) if g}
+        profs = {j: profile(TINY, clusters[j], setup, s) for j in counts}
+        low = bound_s([item_floors_s(profs[j]) for j in counts], list(counts.values()),
+                      s.num_microbatches(setup.global_batch))
+        for order in itertools.permutations(counts):
+            stage_pool = stage_pools(order, tuple(counts[j] for j in order))
+            for cuts in itertools.combinations(range(1, TINY.layers), s.pp - 1):
+                terms = pool_terms(profs, stage_pool, LINK, list(pairwise((0, *cuts, TINY.layers))))
+                assert low <= split_step(terms, s.num_microbatches(setup.global_batch), 1)[0] * (1 + 1e-12)
+
+
+def test_stages_on_one_pool_are_priced_as_that_pool_alone():
+    """cost/pools.estimate_on_pools with every stage on one pool is step.estimate on its cluster:
+    nothing crosses between pools, and every term is the pool's own."""
+    model = load_model("llama3-8b")
+    cluster = mix(2, 2)
+    setup = job(model, cluster, 16, 64)
+    s = next(s for _, s in candidates(model, cluster, replace(setup, gpus=32), {},
+                                      pool_rules(RUNTIME_RULES["megatron"])) if s.pp == 4)
+    s = replace(s, dp=s.dp // 2)
+    bounds = [(0, 9), (9, 17), (17, 25), (25, 32)]
+    for j, c in enumerate((H100, A100)):
+        pooled = estimate_on_pools(model, (H100, A100), LINK, setup, s, (j,) * 4, bounds)
+        alone = estimate(model, c, setup, s, bounds=bounds)
+        assert pooled == alone
+
+
+def test_a_send_across_pools_is_priced_on_the_link_between_them():
+    """Each stage next to another pool's has one of its two sends per micro-batch on the link
+    between the pools (comm.pools_p2p_s) instead of its pool's."""
+    model, cluster = load_model("llama3-8b"), mix(1, 1)
+    setup = job(model, cluster, 16, 64)
+    s = next(s for _, s in candidates(model, cluster, setup, {}, pool_rules(RUNTIME_RULES["megatron"]))
+             if s.pp == 4 and s.tp == 4)
+    profs = {0: profile(model, H100, setup, s), 1: profile(model, A100, setup, s)}
+    slow = LinkTier(Bps=12.5e9, latency_s=10e-6, busbw_Bps=10e9)
+    extra = crossing_s(profs, (0, 0, 1, 1), slow)
+    assert extra[0] == extra[3] == 0.0 and extra[1] > 0.0 and extra[2] > 0.0
+    msg = 2048 * s.micro_batch * model.hidden * 2 / s.tp
+    assert extra[1] == pytest.approx(msg / 10e9 + 10e-6 - profs[0].p2p_s / 2, rel=1e-12)
+    assert extra[2] == pytest.approx(msg / 10e9 + 10e-6 - profs[1].p2p_s / 2, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def bench_mix():
+    model, cluster = load_model("llama3-70b"), load_cluster("h100-plus-a100")
+    request = dict(global_batch=384, seq_len=4096, precision="bf16", attention="flash", constraints={}, top=3)
+    return make_plan(model, cluster, 96, **request, runtime="supported")
+
+
+def test_the_bench_mix_runs_one_pipeline_over_both_pools_on_megatron(bench_mix):
+    """The default space (the supported runtimes) plans the bench mix as one pipeline over both
+    pools, faster than either pool alone by more than the tie tolerance, runnable on Megatron-LM
+    (the record's pool_stages), every stage within its own pool's memory."""
+    doc = bench_mix
+    assert [p["used_gpus"] for p in doc["pools"]] == [32, 64]
+    pools = [st["pool"] for st in doc["stages"]]
+    assert set(pools) == {"h100", "a100"} and pools == sorted(pools, key=pools.index)  # blocks, not interleaved
+    assert [r["runtime"] for r in doc["runnable_on"]] == ["megatron"]
+    for alternative in doc["alternatives"]:
+        assert doc["prediction"]["step_time_s"] * (1 + TIE_TOLERANCE) < alternative["step_time_s"]
+    by_pool = {p["name"]: p for p in doc["pools"]}
+    for st in doc["stages"]:
+        capacity = (H100 if st["pool"] == "h100" else A100).gpu.memory_bytes * 0.95 / 2**30
+        assert st["memory_gib"] <= capacity
+        lo, hi = by_pool[st["pool"]]["stages"]
+        assert lo <= st["index"] <= hi
+    assert doc["prediction"]["fits"] and doc["strategy"]["vpp"] == 1
+    check(json.loads(json.dumps(doc)), PLAN_SCHEMA)
+
+
+def test_megatron_gets_the_layout_and_the_node_order_and_the_others_refuse(bench_mix, tmp_path):
+    """The Megatron export names every stage's layers (--pipeline-model-parallel-layout, parsed
+    and validated by megatron-core's own PipelineParallelLayerLayout) and which node ranks each
+    pool takes; every other runtime refuses, naming the capability."""
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(bench_mix))
+    result = run("export", str(path), "--to", "megatron", "--format", "launch")
+    assert result.returncode == 0, result.stderr
+    layout = result.stdout.split("--pipeline-model-parallel-layout ")[1].split(" \\")[0].strip("'")
+    counts = [st["layers"][1] - st["layers"][0] for st in bench_mix["stages"]]
+    parsed = PipelineParallelLayerLayout(layout, len(counts))
+    parsed.validate_layer_layout(80, 0)
+    assert [sum(1 for x in row[0] if x.name == "decoder") for row in parsed.layout] == counts
+    start = 0
+    for p in sorted(bench_mix["pools"], key=lambda p: p["stages"][0]):
+        nodes = p["used_gpus"] // 8
+        ranks = f"NODE_RANK {start}" + (f"..{start + nodes - 1}" if nodes > 1 else "")
+        assert f"pool {p['name']}: {ranks}" in result.stdout
+        start += nodes
+    from planner.errors import ExportError
+    from planner.export import export
+    for runtime in ("deepspeed", "torchtitan", "nanotron", "torchtitan@0.2"):
+        with pytest.raises(ExportError, match="runs no pipeline over pools of different GPUs"):
+            export(bench_mix, runtime)
+
+
+@pytest.mark.parametrize("model, gpus", [("llama3-8b", 96), ("llama3-70b", 96)])
+def test_the_plan_is_the_pipeline_over_pools_where_it_beats_every_pool_alone(model, gpus):
+    """The plan on a mixed cluster is the pipeline over pools that search/pool_stages finds below
+    every pool's own plan by more than the tie tolerance (the pools alone are its runners-up)."""
+    mixed, m = load_cluster("h100-plus-a100"), load_model(model)
+    request = dict(global_batch=64, seq_len=2048, precision="bf16", attention="flash", constraints={}, top=3)
+    alone = [make_plan(m, p.cluster, min(gpus, p.gpus), **request, runtime="supported") for p in mixed.pools]
+    doc = make_plan(m, mixed, gpus, **request, runtime="supported")
+    found = best_pool_stages(m, mixed, job(m, mixed, gpus, 64), {}, RUNTIME_RULES["megatron"])
+    assert doc["prediction"]["step_time_s"] == pytest.approx(found.best.step_time_s, rel=1e-5)
+    assert [st["pool"] for st in doc["stages"]] == [mixed.pools[j].name for j in found.best.stage_pool]
+    assert all(doc["prediction"]["step_time_s"] * (1 + TIE_TOLERANCE) < d["prediction"]["step_time_s"] for d in alone)
+    assert sorted(a["step_time_s"] for a in doc["alternatives"]) == sorted(
+        d["prediction"]["step_time_s"] for d in alone)
+
+
+def test_a_pipeline_over_pools_reads_back_checks_and_goes_stale_when_a_stage_moves(bench_mix):
+    doc = bench_mix
+    assert check_plan(doc, 0.02)["verdict"] == "ok"
+    moved = copy.deepcopy(doc)
+    moved["stages"][0]["pool"], moved["stages"][-1]["pool"] = moved["stages"][-1]["pool"], moved["stages"][0]["pool"]
+    verdict = check_plan(moved, 0.02)
+    assert verdict["verdict"] == "stale" and "stages[0].pool" in verdict["reason"]
+
+
+def test_gpus_of_two_collective_libraries_share_no_runnable_pipeline(bench_mix):
+    """NCCL and RCCL do not interoperate (runtimes.RuntimeRules.pool_stages 'same_library'):
+    Megatron's space has no pipeline over MI300X and H100 pools, the ideal space has, and a
+    pipeline whose pools run different libraries is refused by the Megatron export, naming both."""
+    from planner.errors import ExportError
+    from planner.export import export
+
+    model = load_model("llama3-8b")
+    cluster = mix(1, 1, clusters=(MI300X, H100))
+    assert best_pool_stages(model, cluster, job(model, cluster, 16, 64), {}, RUNTIME_RULES["megatron"]) is None
+    assert best_pool_stages(model, cluster, job(model, cluster, 16, 64, "ideal"), {}, RUNTIME_RULES["ideal"])
+    amd = copy.deepcopy(bench_mix)
+    amd["inputs"]["cluster"]["pools"][1]["cluster"]["gpu"]["family"] = "cdna3"
+    with pytest.raises(ExportError, match=r"one collective library per job \(NCCL and RCCL do not interoperate\); "
+                                          r"the plan has stages on GPUs of NCCL and RCCL"):
+        export(amd, "megatron")
+
+
+def test_a_constraint_no_pipeline_over_pools_meets_leaves_one_pool():
+    """With pp 1 fixed no pipeline spans the pools: the plan takes the best pool alone, and its note
+    says so and that batch shares are searched in the ideal space only."""
+    cluster = mix(1, 1)
+    doc = make_plan(TINY, cluster, 16, global_batch=24, seq_len=2048, precision="bf16", attention="flash",
+                    constraints={"pp": 1}, top=0, runtime="supported")
+    assert sum(1 for p in doc["pools"] if p["used_gpus"]) == 1 and not any("pool" in st for st in doc["stages"])
+    assert any("No plan of pipeline stages over pools is faster" in n and "ideal space only" in n
+               for n in doc["notes"])
