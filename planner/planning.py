@@ -431,7 +431,8 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
     if several:
         shares = _shares(model, cluster, gpus, request, cutoff_s=alone / (1 + TIE_TOLERANCE))
     cutoff = min(alone / (1 + TIE_TOLERANCE), shares.step_time_s * (1 + TIE_TOLERANCE) if shares else float("inf"))
-    staged = _pool_stages(model, cluster, gpus, request, cutoff_s=cutoff) if len(cluster.pools) > 1 else None
+    staged, pipelines = _pool_stages(model, cluster, gpus, request, cutoff_s=cutoff) \
+        if len(cluster.pools) > 1 else (None, False)
     if staged is not None:
         return _stages_plan(model, cluster, request, *staged, entries, [(pool, d) for _, _, pool, d in plans])
     if shares is not None:
@@ -444,12 +445,13 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
     used = doc["inputs"]["training"]["gpus"]
     for entry in entries:
         entry["used_gpus"] = used if entry["name"] == chosen.name else 0
-    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "precision", "step_time_s",
-                                       "why_not") if k in e} for e in entries]
+    doc["pools"] = _pool_entries(entries)
     idle = [e for e in entries if not e["used_gpus"]]
     if idle or used < gpus:
-        kinds = "pipeline stages over pools" + (" or batch shares" if several else "")
-        why = (f" No plan of {kinds} is faster by more than {TIE_TOLERANCE:.0%}."
+        kinds = [k for k, on in (("one pipeline over the pools", pipelines), ("batch shares", several)) if on]
+        why = ((f" No plan of {' or '.join(kinds)} is faster by more than {TIE_TOLERANCE:.0%}." if kinds else
+                " The space searched has no pipeline over these pools (no runtime of it runs one on them, "
+                "RuntimeRules.pool_stages, or the constraints leave none).")
                + ("" if several else " Plans of data-parallel replicas with batch shares over pools are searched "
                   "in the ideal space only (--runtime ideal): no supported runtime runs them."))
         doc["notes"].append(
@@ -464,32 +466,63 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
 
 def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, cutoff_s: float):
     """The fastest pipeline over several pools below `cutoff_s` (search/pool_stages.py) in the
-    request's space, each runtime of it whose record runs them (RuntimeRules.pool_stages)
-    searched and priced as itself, ties to the earlier: (its setup, the result), or None. One
-    precision for every pool (spec/pools.common_precision)."""
+    request's space, each runtime of it whose record runs them (RuntimeRules.pool_stages) and
+    each expert layout the request leaves open (moe_variants) searched and priced as itself, ties
+    to the earlier: ((its setup, the result) or None, whether the space has any such pipeline).
+    One precision for every pool (spec/pools.common_precision)."""
     from dataclasses import replace
 
     from planner.search.pool_stages import best_pool_stages
 
-    found = None
+    found, searched = None, False
     precision = common_precision(cluster.pools, request["precision"])
     first = cluster.pools[0].cluster
     for name in _space_names(model, request["runtime"]):
         rules = RUNTIME_RULES[name]
         if rules.pool_stages == "none" or precision not in rules.precisions:
             continue
-        try:
-            setup = _setup(model, first, first.gpus_per_node, request["global_batch"], request["seq_len"], precision,
-                           request["attention"], name, request.get("memory_headroom", DEFAULT_HEADROOM),
-                           moe_variants(model, name, request.get("moe", MoeOptions()))[0])
-        except SpecError:
-            continue
-        setup = replace(setup, gpus=gpus)
-        result = best_pool_stages(model, cluster, setup, request["constraints"], rules, cutoff_s=cutoff_s,
-                                  progress=request.get("progress"))
-        if result is not None:
-            found, cutoff_s = (setup, result), result.best.step_time_s
-    return found
+        for variant in moe_variants(model, name, request.get("moe", MoeOptions())):
+            try:
+                setup = _setup(model, first, first.gpus_per_node, request["global_batch"], request["seq_len"],
+                               precision, request["attention"], name, request.get("memory_headroom", DEFAULT_HEADROOM),
+                               variant)
+            except SpecError:
+                continue
+            result = best_pool_stages(model, cluster, replace(setup, gpus=gpus), request["constraints"], rules,
+                                      cutoff_s=cutoff_s, progress=request.get("progress"))
+            searched |= result.considered > 0
+            if result.best is not None:
+                found, cutoff_s = (replace(setup, gpus=gpus), result), result.best.step_time_s
+    return found, searched
+
+
+POOL_KEYS = ("name", "cluster", "gpu", "gpus", "used_gpus", "stages", "precision", "step_time_s", "why_not", "share")
+"""the keys of a plan's pools[] entries (schema.POOL), those an entry has"""
+
+
+def _pool_entries(entries: list[dict]) -> list[dict]:
+    return [{k: e[k] for k in POOL_KEYS if k in e} for e in entries]
+
+
+def _alone_alternatives(alone: list[tuple], step: float, top: int) -> list[dict]:
+    """The runners-up of a plan over several pools: each pool's own plan alone, fastest first
+    (`alone`: (pool, document) of each pool that has one)."""
+    return sorted(
+        ({"strategy": d["strategy"], "step_time_s": d["prediction"]["step_time_s"],
+          "peak_memory_gib": d["prediction"]["peak_memory_gib"],
+          "why_not": f"pool {pool.name} alone ({d['inputs']['training']['gpus']} x {pool.cluster.gpu.name}): "
+                     + slower_by(d["prediction"]["step_time_s"], step)} for pool, d in alone),
+        key=lambda a: a["step_time_s"])[:top]
+
+
+def _over_pools_search(alone: list[tuple], counts: dict, proven: bool) -> dict:
+    """The search summary of a plan over several pools: the pools' own searches added up (none
+    where no pool has a plan alone), the search over the pools' `counts`, proven where all were."""
+    from planner.search.driver import NOTHING_SEARCHED
+
+    out = {**_summed([d["search"] for _, d in alone] or [NOTHING_SEARCHED.summary()]), **counts}
+    out["proven_optimal"] = out["proven_optimal"] and proven
+    return out
 
 
 def _pools_band(used: list) -> dict:
@@ -518,7 +551,8 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     est = estimate_on_pools(model, clusters, cluster.between_pools, setup, best.strategy, best.stage_pool,
                             best.bounds)
     used = sorted(set(best.stage_pool))
-    notes = [n for j in used for n in _notes(clusters[j], setup, mfu=est.mfu)]
+    proven = result.proven_optimal and all(d["search"]["proven_optimal"] for _, d in alone)
+    notes = [n for j in used for n in _notes(clusters[j], setup, proven_optimal=proven, mfu=est.mfu)]
     union = request["runtime"] == SUPPORTED
     doc = build_plan(model, clusters[best.stage_pool[0]], setup, best.strategy, est, request["constraints"],
                      {"name": request.get("solver", "highs"), "time_limit_s": request.get("time_limit_s", 10.0)},
@@ -537,14 +571,8 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
         entry["used_gpus"] = len(held) * width
         if held:
             entry["stages"] = [held[0], held[-1]]
-    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "stages", "precision",
-                                       "step_time_s", "why_not") if k in e} for e in entries]
-    doc["alternatives"] = sorted(
-        ({"strategy": d["strategy"], "step_time_s": d["prediction"]["step_time_s"],
-          "peak_memory_gib": d["prediction"]["peak_memory_gib"],
-          "why_not": f"pool {pool.name} alone ({d['inputs']['training']['gpus']} x {pool.cluster.gpu.name}): "
-                     + slower_by(d["prediction"]["step_time_s"], step)} for pool, d in alone),
-        key=lambda a: a["step_time_s"])[:request.get("top", 3)]
+    doc["pools"] = _pool_entries(entries)
+    doc["alternatives"] = _alone_alternatives(alone, step, request.get("top", 3))
     slowest = max(est.stages, key=lambda st: st.time_per_microbatch_s)
     best_alone = min((d["prediction"]["step_time_s"] for _, d in alone), default=None)
     blocks = []
@@ -563,9 +591,8 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
         + (f"; the fastest pool alone takes {best_alone:.4g} s" if best_alone else "")
         + (". Ranks are laid out pp outermost: launch the nodes of the first pool's stages first"
            if setup.runtime != "ideal" else ". Planned in the ideal space")))
-    doc["search"] = {**(_summed([d["search"] for _, d in alone]) if alone else {}),
-                     "pool_stage_candidates": result.considered, "pool_stage_programmes": result.priced}
-    doc["search"]["proven_optimal"] = doc["search"].get("proven_optimal", True) and result.proven_optimal
+    doc["search"] = _over_pools_search(alone, {"pool_stage_candidates": result.considered,
+                                               "pool_stage_programmes": result.priced}, result.proven_optimal)
     return _with_runtimes(rounded(doc))
 
 
@@ -611,7 +638,6 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
     document) of each pool that has one)."""
     from dataclasses import replace
 
-    from planner.bands import prediction_band
     from planner.cost.step import executed_flops_per_step, model_flops_per_sequence
     from planner.plan import inputs_block, rounded
     from planner.schema import POOL_BREAKDOWN_KEYS
@@ -634,17 +660,13 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
     flops = model_flops_per_sequence(model, setup.seq_len) * batch
     executed = sum(executed_flops_per_step(model, sh.setup, sh.candidate.strategy, est.stages)
                    for sh, _, est in priced)
-    bands = [prediction_band(pool.cluster) for _, pool, _ in priced]
-    low, high = min(b.low for b in bands), max(b.high for b in bands)
     p = doc["prediction"]
     p.update(step_time_s=step, tokens_per_s=batch * setup.seq_len / step, model_tflops_per_gpu=flops / step / used / 1e12,
              mfu=flops / step / peak, hfu=executed / step / peak,
              fits=all(est.fits for *_, est in priced))
     p["breakdown_s"].update(dict(zip(POOL_BREAKDOWN_KEYS, (step - x - lead_est.step_time_s, x))))
-    p["band"] = {"low_error": low, "high_error": high, "step_time_s": [step / (1 + high), step / (1 + low)],
-                 "rows": min(b.rows for b in bands),
-                 "basis": "the widest of its pools' bands: " + "; ".join(f"{pool.name}: {b.basis}"
-                                                                        for (_, pool, _), b in zip(priced, bands))}
+    band = _pools_band([(pool, pool.cluster) for _, pool, _ in priced])
+    p["band"] = {**band, "step_time_s": [step / (1 + band["high_error"]), step / (1 + band["low_error"])]}
     by_pool = {pool.name: (sh, est) for sh, pool, est in priced}
     for entry in entries:
         sh, est = by_pool.get(entry["name"], (None, None))
@@ -655,16 +677,10 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
                               "busy": est.step_time_s / step, "peak_memory_gib": bytes_to_gib(est.peak_memory_bytes),
                               "capacity_gib": bytes_to_gib(est.capacity_bytes),
                               "strategy": strategy_block(sh.candidate.strategy, sh.setup)}
-    doc["pools"] = [{k: e[k] for k in ("name", "cluster", "gpu", "gpus", "used_gpus", "precision", "step_time_s",
-                                       "why_not", "share") if k in e} for e in entries]
+    doc["pools"] = _pool_entries(entries)
     doc["strategy_pool"] = lead_pool.name
     # the runners-up: each pool's plan alone (what the shares beat by more than the tie tolerance)
-    doc["alternatives"] = sorted(
-        ({"strategy": d["strategy"], "step_time_s": d["prediction"]["step_time_s"],
-          "peak_memory_gib": d["prediction"]["peak_memory_gib"],
-          "why_not": f"pool {pool.name} alone ({d['inputs']['training']['gpus']} x {pool.cluster.gpu.name}): "
-                     + slower_by(d["prediction"]["step_time_s"], step)} for pool, d in alone),
-        key=lambda a: a["step_time_s"])[:request.get("top", 3)]
+    doc["alternatives"] = _alone_alternatives(alone, step, request.get("top", 3))
     slowest = max(priced, key=lambda q: (q[2].step_time_s, -q[0].pool))[1]
     best_alone = min((d["prediction"]["step_time_s"] for _, d in alone), default=None)
     doc["notes"].insert(0, (
@@ -675,9 +691,8 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
         f"pools[].share), then {x:.3g} s of gradient exchange between the pools. Pool {slowest.name} sets the step"
         + (f"; the fastest pool alone takes {best_alone:.4g} s" if best_alone else "")
         + ". Planned in the ideal space: no supported runtime runs per-pool strategies and batch shares"))
-    doc["search"] = {**(_summed([d["search"] for _, d in alone]) if alone else {}),
-                     "share_splits": shares.splits, "share_bounds": shares.bounded, "share_searches": shares.priced}
-    doc["search"]["proven_optimal"] = doc["search"].get("proven_optimal", True) and shares.proven_optimal
+    doc["search"] = _over_pools_search(alone, {"share_splits": shares.splits, "share_bounds": shares.bounded,
+                                               "share_searches": shares.priced}, shares.proven_optimal)
     return _with_runtimes(rounded(doc))
 
 

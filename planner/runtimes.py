@@ -150,7 +150,8 @@ class RuntimeRules:
     (Megatron-LM: --pipeline-model-parallel-layout gives every stage its own layer count, at
     Megatron-LM 000c4ac and megatron-core 0.16.0 PipelineParallelLayerLayout; one job's
     collectives run one library, so every GPU must run the same one, spec/hardware.COLLECTIVES:
-    NCCL and RCCL do not interoperate); 'any' (the ideal space)"""
+    NCCL and RCCL do not interoperate; and its launch runs one process count on every node);
+    'any' (the ideal space). pool_stages_refusal reads it."""
     hybrid_zero: tuple[int, ...] = ()
     """the ZeRO stages it runs with hybrid sharding (Strategy.dp_shard: states sharded over
     groups of dp_shard data-parallel ranks, replicated across them): megatron ZeRO-1 with
@@ -440,6 +441,21 @@ def precision_refusal(runtime: str, precision: str) -> str | None:
 
 def tp_overlap(runtime: str) -> bool:
     return RUNTIME_RULES[runtime].tp_overlap
+
+
+def pool_stages_refusal(rule: str, libraries: set, node_sizes: set) -> str | None:
+    """What a runtime whose record says `rule` (RuntimeRules.pool_stages) cannot run of a
+    pipeline over pools whose GPUs run the collective `libraries` on nodes of `node_sizes` GPUs;
+    None where it runs it (the search's space and the exports read this one rule)."""
+    if rule == "none":
+        return "a pipeline over pools of different GPUs (a layer count per stage)"
+    if rule == "same_library" and len(libraries) > 1:
+        return (f"stages on GPUs of {' and '.join(sorted(libraries))} (one collective library per job: NCCL and "
+                "RCCL do not interoperate)")
+    if rule == "same_library" and len(node_sizes) > 1:
+        return (f"pools of {' and '.join(str(n) for n in sorted(node_sizes))} GPUs a node (its launch runs one "
+                "process count on every node)")
+    return None
 
 
 def attention_kernel(runtime: str, kernels: tuple[str, ...]) -> str | None:

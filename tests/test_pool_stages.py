@@ -188,7 +188,7 @@ def test_megatron_gets_the_layout_and_the_node_order_and_the_others_refuse(bench
     from planner.errors import ExportError
     from planner.export import export
     for runtime in ("deepspeed", "torchtitan", "nanotron", "torchtitan@0.2"):
-        with pytest.raises(ExportError, match="runs no pipeline over pools of different GPUs"):
+        with pytest.raises(ExportError, match="does not run a pipeline over pools of different GPUs"):
             export(bench_mix, runtime)
 
 
@@ -218,29 +218,58 @@ def test_a_pipeline_over_pools_reads_back_checks_and_goes_stale_when_a_stage_mov
 
 
 def test_gpus_of_two_collective_libraries_share_no_runnable_pipeline(bench_mix):
-    """NCCL and RCCL do not interoperate (runtimes.RuntimeRules.pool_stages 'same_library'):
-    Megatron's space has no pipeline over MI300X and H100 pools, the ideal space has, and a
-    pipeline whose pools run different libraries is refused by the Megatron export, naming both."""
+    """NCCL and RCCL do not interoperate, and Megatron's launch runs one process count a node
+    (runtimes.pool_stages_refusal): Megatron's space has no pipeline over MI300X and H100 pools,
+    nor over nodes of 8 and 4 GPUs, the ideal space has both, and the Megatron export refuses
+    such a plan, naming what it has."""
     from planner.errors import ExportError
     from planner.export import export
 
     model = load_model("llama3-8b")
     cluster = mix(1, 1, clusters=(MI300X, H100))
-    assert best_pool_stages(model, cluster, job(model, cluster, 16, 64), {}, RUNTIME_RULES["megatron"]) is None
-    assert best_pool_stages(model, cluster, job(model, cluster, 16, 64, "ideal"), {}, RUNTIME_RULES["ideal"])
+    none = best_pool_stages(model, cluster, job(model, cluster, 16, 64), {}, RUNTIME_RULES["megatron"])
+    assert none.best is None and none.considered == 0
+    assert best_pool_stages(model, cluster, job(model, cluster, 16, 64, "ideal"), {}, RUNTIME_RULES["ideal"]).best
+    four = replace(A100, gpus_per_node=4)
+    odd = mix(2, 2, clusters=(H100, four))
+    assert best_pool_stages(model, odd, job(model, odd, 24, 64), {}, RUNTIME_RULES["megatron"]).considered == 0
+    assert best_pool_stages(model, odd, job(model, odd, 24, 64, "ideal"), {}, RUNTIME_RULES["ideal"]).considered
+    small_nodes = copy.deepcopy(bench_mix)
+    small_nodes["inputs"]["cluster"]["pools"][1]["cluster"]["gpus_per_node"] = 4
+    with pytest.raises(ExportError, match="does not run pools of 4 and 8 GPUs a node"):
+        export(small_nodes, "megatron")
     amd = copy.deepcopy(bench_mix)
     amd["inputs"]["cluster"]["pools"][1]["cluster"]["gpu"]["family"] = "cdna3"
-    with pytest.raises(ExportError, match=r"one collective library per job \(NCCL and RCCL do not interoperate\); "
-                                          r"the plan has stages on GPUs of NCCL and RCCL"):
+    with pytest.raises(ExportError, match=r"does not run stages on GPUs of NCCL and RCCL \(one collective library "
+                                          r"per job: NCCL and RCCL do not interoperate\)"):
         export(amd, "megatron")
 
 
-def test_a_constraint_no_pipeline_over_pools_meets_leaves_one_pool():
-    """With pp 1 fixed no pipeline spans the pools: the plan takes the best pool alone, and its note
-    says so and that batch shares are searched in the ideal space only."""
+def test_the_pool_alone_note_says_what_was_searched_over_the_pools():
+    """With pp 1 fixed no pipeline spans the pools: the plan takes the best pool alone and its note
+    says the space had none (not that none was faster); with one searched but slower, it says that;
+    either way, that batch shares are searched in the ideal space only."""
     cluster = mix(1, 1)
-    doc = make_plan(TINY, cluster, 16, global_batch=24, seq_len=2048, precision="bf16", attention="flash",
-                    constraints={"pp": 1}, top=0, runtime="supported")
+    request = dict(global_batch=24, seq_len=2048, precision="bf16", attention="flash", top=0, runtime="supported")
+    doc = make_plan(TINY, cluster, 16, constraints={"pp": 1}, **request)
     assert sum(1 for p in doc["pools"] if p["used_gpus"]) == 1 and not any("pool" in st for st in doc["stages"])
-    assert any("No plan of pipeline stages over pools is faster" in n and "ideal space only" in n
-               for n in doc["notes"])
+    assert any("has no pipeline over these pools" in n and "ideal space only" in n for n in doc["notes"])
+    h100_alone = make_plan(load_model("llama3-8b"), load_cluster("h100-plus-a100"), 40, constraints={}, **request)
+    assert any("No plan of one pipeline over the pools is faster by more than 1%" in n and "ideal space only" in n
+               for n in h100_alone["notes"])
+
+
+def test_a_pipeline_over_pools_where_no_pool_fits_alone():
+    """llama3-70b on 16 H100s or 16 A100s alone does not fit at this batch; over both pools it
+    does: the plan says why each pool has no plan alone, has no runners-up, and reads as any plan
+    (the report, the schema)."""
+    from planner import report
+
+    model, cluster = load_model("llama3-70b"), mix(2, 2)
+    doc = make_plan(model, cluster, 32, global_batch=32, seq_len=2048, precision="bf16", attention="flash",
+                    constraints={}, top=3, runtime="supported")
+    assert all("why_not" in p and "step_time_s" not in p for p in doc["pools"])
+    assert {st["pool"] for st in doc["stages"]} == {"p0", "p1"} and doc["alternatives"] == []
+    assert doc["search"]["considered"] == 0 and doc["search"]["pool_stage_candidates"] > 0
+    report.plan_table(doc)
+    check(json.loads(json.dumps(doc)), PLAN_SCHEMA)

@@ -76,6 +76,8 @@ class PlanView:
     () on one kind of GPU"""
     stage_libraries: tuple[str, ...] = ()
     """the collective library of every stage's GPUs (spec/hardware.COLLECTIVES), beside stage_pools"""
+    stage_node_sizes: tuple[int, ...] = ()
+    """the GPUs a node of every stage's pool, beside stage_pools"""
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
@@ -126,13 +128,15 @@ def read(plan: dict) -> PlanView:
     s = {key: _get(plan, f"strategy.{key}") for key in knobs}
     t = {key: _get(plan, f"inputs.training.{key}") for key in ("gpus", "global_batch", "seq_len", "precision")}
     from planner.runtimes import dispatcher, record_name
-    from planner.spec.hardware import COLLECTIVES
-    pools = {p.get("name"): p.get("cluster", {}).get("gpu", {})
-             for p in _get(plan, "inputs.cluster").get("pools", []) if isinstance(p, dict)}
+    from planner.spec.hardware import collective_library
+    pools = {p.get("name"): p.get("cluster", {}) for p in _get(plan, "inputs.cluster").get("pools", [])
+             if isinstance(p, dict)}
     stage_pools = tuple(str(st["pool"]) for st in _get(plan, "stages") if "pool" in st)
     if stage_pools and (len(stage_pools) != len(stages) or not set(stage_pools) <= set(pools)):
         raise PlanFormatError("plan stages name pools the plan's inputs.cluster does not hold")
-    libraries = tuple(COLLECTIVES.get(pools[p].get("family"), f"that of {pools[p].get('name')}") for p in stage_pools)
+    gpus_of = {name: c.get("gpu", {}) for name, c in pools.items()}
+    libraries = tuple(collective_library(gpus_of[p].get("family", ""), gpus_of[p].get("name", p)) for p in stage_pools)
+    node_sizes = tuple(int(pools[p].get("gpus_per_node", 0)) for p in stage_pools)
     return PlanView(model=model, attention=training.get("attention", "flash"),
                     dp_overlap=strategy.get("dp_overlap", True), order=_get(plan, "placement.order"),
                     stages=tuple(stages),
@@ -142,7 +146,7 @@ def read(plan: dict) -> PlanView:
                     moe_folding=training.get("moe_folding", False) is True,
                     dp_shard=int(strategy.get("dp_shard", 0)),
                     pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")),
-                    stage_pools=stage_pools, stage_libraries=libraries, **t, **s)
+                    stage_pools=stage_pools, stage_libraries=libraries, stage_node_sizes=node_sizes, **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:
@@ -203,17 +207,15 @@ def check_shares(v: PlanView, record: str | None, runtime: str) -> None:
 
 def check_pool_stages(v: PlanView, record: str | None, runtime: str) -> None:
     """A pipeline whose stages sit on several pools runs only where its runtime's record runs
-    one (RuntimeRules.pool_stages), and under 'same_library' on GPUs of one collective library."""
-    from planner.runtimes import RUNTIME_RULES
+    that one (RuntimeRules.pool_stages, read by runtimes.pool_stages_refusal)."""
+    from planner.runtimes import RUNTIME_RULES, pool_stages_refusal
     if len(set(v.stage_pools)) <= 1:
         return
     rule = RUNTIME_RULES[record].pool_stages if record in RUNTIME_RULES else "none"
-    require(rule != "none", runtime, "runs no pipeline over pools of different GPUs (a layer count per stage)",
-            "pipeline stages over pools " + ", ".join(dict.fromkeys(v.stage_pools)))
-    libraries = sorted(set(v.stage_libraries))
-    require(rule != "same_library" or len(libraries) == 1, runtime,
-            "runs one collective library per job (NCCL and RCCL do not interoperate)",
-            "stages on GPUs of " + " and ".join(libraries))
+    why = pool_stages_refusal(rule, set(v.stage_libraries), set(v.stage_node_sizes))
+    if why:
+        raise ExportError(f"cannot export to {runtime}: {runtime} does not run {why}; the plan has pipeline stages "
+                          f"over pools {', '.join(dict.fromkeys(v.stage_pools))}")
 
 
 def check_record(v: PlanView, record: str, runtime: str) -> None:

@@ -65,11 +65,8 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
     comment, never defaulted."""
     cluster = plan["inputs"]["cluster"]
     placed = _pool_nodes(plan, v) if v.stage_pools else []
-    if placed:
-        sizes = {size for _, _, _, size in placed}
-        require(len(sizes) == 1, RUNTIME, "launches one process count per node (torchrun --nproc-per-node)",
-                "pools of " + " and ".join(str(n) for n in sorted(sizes)) + " GPUs a node")
-        per_node, families = sizes.pop(), {family for _, _, family, _ in placed}
+    if placed:  # one node size (export/common.check_pool_stages)
+        per_node, families = placed[0][3], {family for _, _, family, _ in placed}
     else:
         per_node, families = min(int(cluster["gpus_per_node"]), v.gpus), {cluster.get("gpu", {}).get("family", "")}
     nodes = v.gpus // per_node
@@ -233,7 +230,7 @@ def _split(v: PlanView) -> list[Arg]:
                 + ([("--account-for-loss-in-pipeline-split", None)] if loss else []))
     counts = [st.layers for st in v.stages]
     if len(set(v.stage_pools)) > 1:
-        return [("--pipeline-model-parallel-layout", pipeline_layout(counts, v.model.mtp_layers))]
+        return [("--pipeline-model-parallel-layout", pipeline_layout(counts))]
     middle = counts[1:-1] or counts[-1:]
     require(len(set(middle)) == 1, RUNTIME, "splits unevenly only on the first and last stage",
             "stages of " + "/".join(map(str, counts)) + " layers")
@@ -245,13 +242,14 @@ def _split(v: PlanView) -> list[Arg]:
     return args
 
 
-def pipeline_layout(counts: list[int], mtp_layers: int = 0) -> str:
+def pipeline_layout(counts: list[int]) -> str:
     """--pipeline-model-parallel-layout of stages holding `counts` decoder layers: the embedding
-    on the first, the MTP layers and the loss on the last, stages split by '|', 't*n' for n
-    decoder layers (megatron-core PipelineParallelLayerLayout.parse_str_to_list)."""
+    on the first, the loss on the last, stages split by '|', 't*n' for n decoder layers
+    (megatron-core PipelineParallelLayerLayout.parse_str_to_list). No MTP layer: the export sets
+    none (--mtp-num-layers), as the cost model prices none (DESIGN.md's MFU convention)."""
     stages = [("t" if n == 1 else f"t*{n}") if n else "" for n in counts]
     stages[0] = "E" + stages[0]
-    stages[-1] += ("m" if mtp_layers == 1 else f"m*{mtp_layers}" if mtp_layers else "") + "L"
+    stages[-1] += "L"
     return "|".join(stages)
 
 

@@ -90,6 +90,12 @@ class SearchResult:
                 "proven_optimal": self.proven_optimal}
 
 
+NOTHING_SEARCHED = SearchResult(best=None, alternatives=(), closest=None, considered=0, pruned_memory=0,
+                                pruned_bound=0, priced=0, programmes=0, ilp_solves=0, proven_optimal=True,
+                                elapsed_s=0.0)
+"""no search at all (its summary is what a plan over pools none of which has a plan alone sums)"""
+
+
 def infeasible_message(result: SearchResult, cluster: Cluster, setup: TrainingSetup) -> str:
     """Why nothing fits, and what the closest candidate would need."""
     cap = bytes_to_gib(memory.capacity_bytes(cluster, setup))

@@ -44,10 +44,10 @@ import numpy as np
 from planner.cost.pools import crossing_s, stage_pools
 from planner.cost.step import profile, time_floor_parts_s
 from planner.placement import expert_pool, group_spans, has_expert_layout
-from planner.runtimes import RuntimeRules, ep_overlap_runs_stages
+from planner.runtimes import RuntimeRules, ep_overlap_runs_stages, pool_stages_refusal
 from planner.search import space, stages
 from planner.search.driver import _tables
-from planner.search.floors import SAFETY
+from planner.search.floors import SAFETY, TIE
 from planner.search.shares import allocations
 from planner.spec.model import ModelSpec
 from planner.spec.pools import MixedCluster
@@ -75,7 +75,8 @@ class PoolStages:
 
 @dataclass(frozen=True, slots=True)
 class PoolStagesResult:
-    best: PoolStages
+    best: PoolStages | None
+    """None where no pipeline fits below the cutoff (or the space has none: considered 0)"""
     considered: int
     """(allocation, strategy) candidates bounded"""
     priced: int
@@ -92,14 +93,15 @@ def pool_rules(rules: RuntimeRules) -> RuntimeRules:
 def candidates(model: ModelSpec, cluster: MixedCluster, setup: TrainingSetup, fixed: dict, rules: RuntimeRules):
     """Yield (GPUs per pool, strategy) of the space above (`setup`: the whole job's)."""
     smallest = min(cluster.pools, key=lambda p: p.cluster.gpus_per_node).cluster
-    if (rules.pool_stages == "none" or ORDER not in rules.orders or fixed.get("order", ORDER) != ORDER
+    if (ORDER not in rules.orders or fixed.get("order", ORDER) != ORDER
             or fixed.get("vpp", 1) != 1):
         return
     modes = space.recompute_modes(fixed, rules, setup.ep_overlap)
     for used in allocations(cluster, setup.gpus):
-        libraries = {cluster.pools[j].cluster.gpu.collectives for j, g in enumerate(used) if g}
-        if rules.pool_stages == "same_library" and len(libraries) > 1:
-            continue  # one job's collectives run one library (runtimes.RuntimeRules.pool_stages)
+        pools = [cluster.pools[j].cluster for j, g in enumerate(used) if g]
+        if pool_stages_refusal(rules.pool_stages, {c.gpu.collectives for c in pools},
+                               {c.gpus_per_node for c in pools}):
+            continue  # the runtime runs no pipeline over these pools
         common = math.gcd(*(g for g in used if g))
         for tp in space.tp_options(model, smallest, common, fixed.get("tp")):
             for cp in space.cp_options(model, setup, common // tp, fixed.get("cp"), rules):
@@ -131,8 +133,8 @@ def candidates(model: ModelSpec, cluster: MixedCluster, setup: TrainingSetup, fi
 
 
 def item_floors_s(prof) -> np.ndarray:
-    """f_j(x) of the module docstring on the profile's pool: every layer's time floor, then the
-    embedding's and the head's (with their recomputation where every layer recomputes)."""
+    """f_j(x) of the module docstring on the profile's pool: every layer's time floor (with its
+    recomputation where every layer recomputes), then the embedding's and the head's."""
     s = prof.strategy
     layers, emb, head = time_floor_parts_s(prof, s.recompute == "full" and s.recompute_layers is None)
     return np.concatenate([layers, [emb, head]])
@@ -174,7 +176,7 @@ def _widths(model: ModelSpec, floors: dict, pp: int, m: int, limit: float) -> di
 def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSetup, fixed: dict,
                      rules: RuntimeRules, cutoff_s: float = float("inf"), progress=None) -> PoolStagesResult | None:
     """The best pipeline over pools (module docstring) of the whole job's `setup` below
-    `cutoff_s`, or None where none fits below it."""
+    `cutoff_s` (best None where none fits below it)."""
     rules = pool_rules(rules)
     clusters = [p.cluster for p in cluster.pools]
     bounded = []
@@ -202,7 +204,7 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
     found: list[PoolStages] = []
     fastest, priced, proven = cutoff_s / (1 + space.TIE_TOLERANCE), 0, True
     for k, (low, _, s, counts) in enumerate(bounded):
-        limit = fastest * (1 + space.TIE_TOLERANCE)
+        limit = fastest * (1 + space.TIE_TOLERANCE) * (1 + TIE)  # a candidate at the limit still ties
         if low >= limit:
             break
         if progress and k % 16 == 0:
@@ -220,7 +222,7 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
             # stage i's rows from its own pool's tables
             t, tail, ok = (np.stack([tables[j][q][i] for i, j in enumerate(stage_pool)]) for q in range(3))
             t = t + crossing_s(profs, stage_pool, cluster.between_pools)[:, None, None, None]
-            split = stages.best_split(t, tail, ok, m, cutoff=fastest * (1 + space.TIE_TOLERANCE))
+            split = stages.best_split(t, tail, ok, m, cutoff=fastest * (1 + space.TIE_TOLERANCE) * (1 + TIE))
             priced += 1
             if split is None:
                 continue
@@ -228,10 +230,11 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
             found.append(PoolStages(strategy=s, order=order, counts=n_stages, bounds=split.bounds,
                                     step_time_s=split.step_s))
             fastest = min(fastest, split.step_s)
-    if not found:
-        return None
     limit = fastest * (1 + space.TIE_TOLERANCE)
-    gpn = min(p.cluster.gpus_per_node for p in cluster.pools)
-    best = min((c for c in found if c.step_time_s <= limit),
-               key=lambda c: (space.strategy_conventions(c.strategy, gpn), c.step_time_s))
+
+    def conventions(c: PoolStages) -> int:
+        return space.strategy_conventions(c.strategy, min(clusters[j].gpus_per_node for j in c.order))
+
+    best = min((c for c in found if c.step_time_s <= limit), key=lambda c: (conventions(c), c.step_time_s),
+               default=None)
     return PoolStagesResult(best=best, considered=len(bounded), priced=priced, proven_optimal=proven)

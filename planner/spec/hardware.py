@@ -22,6 +22,11 @@ COLLECTIVES = {"ampere": "NCCL", "hopper": "NCCL", "blackwell": "NCCL", "ada": "
 interoperate, so the GPUs of one job's collectives and sends all run one of them"""
 
 
+def collective_library(family: str, gpu_name: str) -> str:
+    """The collective library of a GPU (COLLECTIVES); one of no known family has one of its own."""
+    return COLLECTIVES.get(family, f"that of {gpu_name}")
+
+
 @dataclass(frozen=True, slots=True)
 class Gpu:
     name: str
@@ -39,8 +44,7 @@ class Gpu:
 
     @property
     def collectives(self) -> str:
-        """Its collective library (COLLECTIVES); a GPU of no known family has one of its own."""
-        return COLLECTIVES.get(self.family, f"that of {self.name}")
+        return collective_library(self.family, self.name)
 
     def flops(self, precision: str) -> float:
         table = dict(self.peak_flops)

@@ -100,17 +100,21 @@ def mixed_from_dict(data: dict, where: str) -> MixedCluster:
     return mixed
 
 
+FALLBACK_PRECISIONS = ("bf16", "fp16")
+"""what a pool trains in where its GPU lacks the precision requested, in this order"""
+
+
 def pool_precision(pool: Pool, requested: str) -> str:
-    """The precision a pool trains in: the one requested where its GPU has it, else bf16, else
-    fp16 (a mix of H100 and A100 asked for fp8 runs its A100s in bf16: Ampere has no FP8)."""
-    peaks = dict(pool.cluster.gpu.peak_flops)
-    return next((p for p in (requested, "bf16", "fp16") if p in peaks), requested)
+    """The precision a pool trains in: the one requested where its GPU has it, else the first of
+    FALLBACK_PRECISIONS it has (a mix of H100 and A100 asked for fp8 runs its A100s in bf16:
+    Ampere has no FP8)."""
+    return common_precision((pool,), requested)
 
 
 def common_precision(pools, requested: str) -> str:
-    """The one precision a job over several pools trains in: the one requested where every
-    pool's GPU has it, else bf16, else fp16 (pool_precision's order)."""
-    return next((p for p in (requested, "bf16", "fp16")
+    """The one precision every pool of `pools` trains in: the one requested where every pool's
+    GPU has it, else the first of FALLBACK_PRECISIONS they all have."""
+    return next((p for p in (requested, *FALLBACK_PRECISIONS)
                  if all(p in dict(pool.cluster.gpu.peak_flops) for pool in pools)), requested)
 
 
