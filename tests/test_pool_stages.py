@@ -273,3 +273,23 @@ def test_a_pipeline_over_pools_where_no_pool_fits_alone():
     assert doc["search"]["considered"] == 0 and doc["search"]["pool_stage_candidates"] > 0
     report.plan_table(doc)
     check(json.loads(json.dumps(doc)), PLAN_SCHEMA)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_in_the_default_space_a_mix_is_bounded_by_its_best_pool_and_by_its_pools_all_of_the_better_gpu(seed):
+    """Issue 15's property where pipelines over pools are searched (the supported runtimes):
+    over random mixes of H100 and A100-80G nodes, the plan is never slower than the best plan on
+    one pool alone, and never faster than the same pools all H100 (at least as good in every
+    figure) by more than the tie tolerance: the all-H100 mix has every pipeline the mix has, each
+    stage at most as slow."""
+    rng = random.Random(seed)
+    nodes = (rng.choice([1, 2]), rng.choice([1, 2, 3]))
+    mixed, better = mix(*nodes), mix(*nodes, clusters=(H100, H100))
+    model = rng.choice([TINY, load_model("llama3-8b")])
+    request = dict(global_batch=rng.choice([16, 24, 48]), seq_len=rng.choice([1024, 2048]), precision="bf16",
+                   attention="flash", constraints={}, top=0, runtime="supported")
+    step = make_plan(model, mixed, mixed.gpus, **request)["prediction"]["step_time_s"]
+    for pool in mixed.pools:
+        alone = make_plan(model, pool.cluster, pool.gpus, **request)["prediction"]["step_time_s"]
+        assert step <= alone * (1 + 1e-9)
+    assert make_plan(model, better, better.gpus, **request)["prediction"]["step_time_s"] <= step * (1 + TIE_TOLERANCE)
