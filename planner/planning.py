@@ -6,7 +6,7 @@ import math
 
 from planner.bands import mfu_warning
 from planner.cost.memory import capacity_bytes
-from planner.cost.step import estimate, expert_fold
+from planner.cost.step import estimate, expert_fold, stage_model_flops
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan, slower_by, strategy_block
 from planner.runtimes import RUNTIME_RULES, TARGETS, builds, ep_overlap_runs_mtp, model_refusal, record_name
@@ -496,7 +496,8 @@ def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: di
     return found, searched
 
 
-POOL_KEYS = ("name", "cluster", "gpu", "gpus", "used_gpus", "stages", "precision", "step_time_s", "why_not", "share")
+POOL_KEYS = ("name", "cluster", "gpu", "gpus", "used_gpus", "stages", "mfu", "precision", "step_time_s", "why_not",
+             "share")
 """the keys of a plan's pools[] entries (schema.POOL), those an entry has"""
 
 
@@ -540,7 +541,8 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
                  entries: list[dict], alone: list[tuple]) -> dict:
     """The document of a pipeline over pools: the strategy every stage runs, each stage with its
     pool (stages[].pool), the pools' GPUs and stages (pools[].used_gpus, pools[].stages: first
-    and last stage), a prediction over all of them (cost/pools.estimate_on_pools: MFU over the
+    and last stage; pools[].mfu: the model FLOPs of its stages over its GPUs' own peak, which
+    the best-published-MFU warning reads), a prediction over all of them (cost/pools.estimate_on_pools: MFU over the
     mean peak of the GPUs, each stage fitting its own pool), the widest band of its pools'; the
     runners-up are the pools' own plans alone (`alone`: (pool, document) of each pool that has one)."""
     from planner.cost.pools import estimate_on_pools
@@ -552,7 +554,12 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
                             best.bounds)
     used = sorted(set(best.stage_pool))
     proven = result.proven_optimal and all(d["search"]["proven_optimal"] for _, d in alone)
-    notes = [n for j in used for n in _notes(clusters[j], setup, proven_optimal=proven, mfu=est.mfu)]
+    width = best.strategy.tp * best.strategy.cp * best.strategy.dp
+    # each pool's MFU: the model FLOPs of its stages over its GPUs at their own peak
+    flops = stage_model_flops(model, setup.seq_len, est.stages)
+    mfu = {j: sum(f for f, q in zip(flops, best.stage_pool) if q == j) * setup.global_batch / est.step_time_s
+           / (best.stage_pool.count(j) * width * clusters[j].gpu.flops(setup.precision)) for j in used}
+    notes = [n for j in used for n in _notes(clusters[j], setup, proven_optimal=proven, mfu=mfu[j])]
     union = request["runtime"] == SUPPORTED
     doc = build_plan(model, clusters[best.stage_pool[0]], setup, best.strategy, est, request["constraints"],
                      {"name": request.get("solver", "highs"), "time_limit_s": request.get("time_limit_s", 10.0)},
@@ -565,12 +572,11 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     p["band"] = {**band, "step_time_s": [step / (1 + band["high_error"]), step / (1 + band["low_error"])]}
     for stage, j in zip(doc["stages"], best.stage_pool):
         stage["pool"] = cluster.pools[j].name
-    width = best.strategy.tp * best.strategy.cp * best.strategy.dp
     for j, entry in enumerate(entries):
         held = [i for i, q in enumerate(best.stage_pool) if q == j]
         entry["used_gpus"] = len(held) * width
         if held:
-            entry["stages"] = [held[0], held[-1]]
+            entry["stages"], entry["mfu"] = [held[0], held[-1]], mfu[j]
     doc["pools"] = _pool_entries(entries)
     doc["alternatives"] = _alone_alternatives(alone, step, request.get("top", 3))
     slowest = max(est.stages, key=lambda st: st.time_per_microbatch_s)

@@ -183,14 +183,15 @@ def pools_table(plan: dict) -> None:
     shares = any("share" in p for p in plan["pools"])
     t = Table(title="pools", title_justify="left")
     staged = any("stages" in p for p in plan["pools"])
-    for col in ("pool", "GPU", "GPUs", "used", *(("stages",) if staged else ()), "alone",
+    for col in ("pool", "GPU", "GPUs", "used", *(("stages", "MFU") if staged else ()), "alone",
                 *(("share", "step", "busy", "strategy") if shares else ())):
         t.add_column(col, justify="left" if col in ("pool", "GPU", "alone", "strategy") else "right")
     for p in plan["pools"]:
         alone = _fmt_s(p["step_time_s"]) if "step_time_s" in p else f"[red]{esc(p['why_not'])}[/red]"
         held = p.get("stages")
         row = [esc(p["name"]), esc(p["gpu"]), str(p["gpus"]), str(p["used_gpus"]) if p["used_gpus"] else "idle",
-               *(((f"{held[0]}" if held[0] == held[1] else f"{held[0]}-{held[1]}") if held else "-",) if staged else ()),
+               *(((f"{held[0]}" if held[0] == held[1] else f"{held[0]}-{held[1]}") if held else "-",
+                  f"{p['mfu'] * 100:.1f} %" if held else "-") if staged else ()),
                alone]
         if shares:
             sh = p.get("share")

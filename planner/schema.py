@@ -94,12 +94,14 @@ batch, the precision it trains in, the step its own strategy takes on them, the 
 peak memory and capacity"""
 POOL = _obj({"name": _STR, "cluster": _STR, "gpu": _STR, "gpus": _INT, "used_gpus": {"type": "integer", "minimum": 0},
              "precision": _PRECISION, "step_time_s": _NUM, "why_not": _STR, "share": SHARE,
-             "stages": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}},
+             "stages": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2},
+             "mfu": _NUM},
             required=["name", "cluster", "gpu", "gpus", "used_gpus"])
 """one pool of a mixed cluster: its GPUs, how many the plan uses, the best step time it
 reaches alone (or why it has no plan), its precision where its GPU lacks the one requested
 (spec/pools.pool_precision), and its share where the plan spans several pools with batch
-shares, or its first and last stage where one pipeline spans them"""
+shares, or its first and last stage and its MFU (its stages' model FLOPs over its GPUs' own
+peak) where one pipeline spans them"""
 PER_RUNTIME = _obj({"runtime": _STR, "step_time_s": _NUM, "strategy": STRATEGY, "why_not": _STR},
                    required=["runtime"])
 """one runtime's best plan in a search over several (a strategy summary and its step time), or

@@ -161,6 +161,11 @@ def test_the_bench_mix_runs_one_pipeline_over_both_pools_on_megatron(bench_mix):
         lo, hi = by_pool[st["pool"]]["stages"]
         assert lo <= st["index"] <= hi
     assert doc["prediction"]["fits"] and doc["strategy"]["vpp"] == 1
+    # each pool's MFU is its stages' model FLOPs over its own GPUs' peak: together, the plan's
+    peaks = {"h100": H100.gpu.flops("bf16"), "a100": A100.gpu.flops("bf16")}
+    rates = sum(p["mfu"] * p["used_gpus"] * peaks[p["name"]] for p in doc["pools"])
+    assert rates == pytest.approx(doc["prediction"]["mfu"] * sum(p["used_gpus"] * peaks[p["name"]]
+                                                                 for p in doc["pools"]), rel=1e-4)
     check(json.loads(json.dumps(doc)), PLAN_SCHEMA)
 
 

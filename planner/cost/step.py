@@ -773,6 +773,16 @@ def estimate_of_terms(model: ModelSpec, setup: TrainingSetup, s: Strategy, bound
         tiers=tiers(s.order, degrees, gpus_per_node))
 
 
+def stage_model_flops(model: ModelSpec, seq_len: int, stages) -> list[float]:
+    """Model FLOPs of one training sequence on each stage (model_flops_per_sequence's count of
+    the layers of its chunks, the head's on the last stage), `stages` StageEstimates in order."""
+    ctx = Ctx(micro_batch=1, seq_len=seq_len)
+    layers = _layers(model)
+    out = [3 * sum(layer_work(layers[i], ctx).model_flops for a, b in st.chunks for i in range(a, b)) for st in stages]
+    out[-1] += 3 * head_work(model, ctx).model_flops
+    return out
+
+
 @lru_cache(maxsize=64)
 def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:
     """Model FLOPs of one training sequence: 3x the forward (backward = 2x forward) of every layer
