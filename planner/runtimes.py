@@ -148,7 +148,8 @@ class RuntimeRules:
     """which pipelines over a mixed cluster's pools it runs (search/pool_stages.py: consecutive
     stages on different GPUs, one strategy, a layer count per stage): 'none'; 'same_library'
     (Megatron-LM: --pipeline-model-parallel-layout gives every stage its own layer count, at
-    Megatron-LM 000c4ac and megatron-core 0.16.0 PipelineParallelLayerLayout; one job's
+    Megatron-LM 000c4ac and megatron-core 0.16.0 PipelineParallelLayerLayout; torchtitan:
+    module_fqns_per_model_part, the modules of each stage; one job's
     collectives run one library, so every GPU must run the same one, spec/hardware.COLLECTIVES:
     NCCL and RCCL do not interoperate; and its launch runs one process count on every node);
     'any' (the ideal space). pool_stages_refusal reads it."""
@@ -277,6 +278,9 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
                                orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8"),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0,
+                               # module_fqns_per_model_part: each stage's own layers (torchtitan 0.3.0
+                               # config/configs.py ParallelismConfig; 0.2.x job_config.Parallelism)
+                               pool_stages="same_library",
                                # data_parallel_replicate_degree x data_parallel_shard_degree (HSDP;
                                # ParallelDims mesh pp, dp_replicate, dp_shard, cp, tp)
                                hybrid_zero=(3,)),

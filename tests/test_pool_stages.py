@@ -192,9 +192,37 @@ def test_megatron_gets_the_layout_and_the_node_order_and_the_others_refuse(bench
         start += nodes
     from planner.errors import ExportError
     from planner.export import export
-    for runtime in ("deepspeed", "torchtitan", "nanotron", "torchtitan@0.2"):
+    for runtime in ("deepspeed", "nanotron"):
         with pytest.raises(ExportError, match="does not run a pipeline over pools of different GPUs"):
             export(bench_mix, runtime)
+    from runtime_checks import check_megatron
+    check_megatron(bench_mix)
+
+
+def test_torchtitan_runs_a_pipeline_over_pools_with_each_stages_modules():
+    """torchtitan's record runs pipelines over pools too (module_fqns_per_model_part: each
+    stage's own modules): planned in its space, both its versions read the export (its own
+    ConfigManager), each stage's modules are its planned layers, and the NODE_RANKs each pool's
+    nodes take are written beside the launch."""
+    from planner.export import export
+    from runtime_checks import check_torchtitan
+
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-plus-a100")
+    doc = make_plan(model, cluster, 96, global_batch=384, seq_len=4096, precision="bf16", attention="flash",
+                    constraints={}, top=0, runtime="torchtitan")
+    assert {st["pool"] for st in doc["stages"]} == {"h100", "a100"}
+    assert {r["runtime"] for r in doc["runnable_on"]} == {"torchtitan", "torchtitan@0.2"}
+    check_torchtitan(doc)
+    text = export(doc, "torchtitan")
+    parts = text.split("module_fqns_per_model_part = [")[1].split("    ]")[0].strip().splitlines()
+    assert [part.count("'layers.") for part in parts] == [st["layers"][1] - st["layers"][0] for st in doc["stages"]]
+    start = 0
+    for run in itertools.groupby(st["pool"] for st in doc["stages"]):
+        name, stages = run[0], len(list(run[1]))
+        nodes = stages * doc["inputs"]["training"]["gpus"] // doc["strategy"]["pp"] // 8
+        assert f"pool {name}: NODE_RANK {start}..{start + nodes - 1}" in text
+        assert f"pool {name}: NODE_RANK {start}..{start + nodes - 1}" in export(doc, "torchtitan@0.2")
+        start += nodes
 
 
 @pytest.mark.parametrize("model, gpus", [("llama3-8b", 96), ("llama3-70b", 96)])

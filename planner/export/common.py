@@ -278,3 +278,28 @@ def check_common(v: PlanView, runtime: str) -> None:
     check_batch(v, runtime)
     require(not v.sequence_parallel or v.tp > 1, runtime, "shards the sequence only over tp > 1 ranks",
             "sequence parallel with tp 1")
+
+
+def launch_nodes(plan: dict, v: PlanView) -> tuple[int, int, set, list[str]]:
+    """(GPUs a node, nodes, the GPU families, the lines that say which NODE_RANKs each pool's
+    nodes take) of a launch of the plan on every node. A pipeline over pools (one node size:
+    check_pool_stages) runs its stages as the outermost ranks, so each run of consecutive
+    stages on one pool takes the next node ranks, first stage first."""
+    cluster = plan["inputs"]["cluster"]
+    if not v.stage_pools:
+        per_node = min(int(cluster["gpus_per_node"]), v.gpus)
+        return per_node, v.gpus // per_node, {cluster.get("gpu", {}).get("family", "")}, []
+    pools = {p["name"]: p["cluster"] for p in cluster["pools"]}
+    runs: list[list] = []
+    for name in v.stage_pools:
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += 1
+        else:
+            runs.append([name, 1])
+    per_node = int(pools[v.stage_pools[0]]["gpus_per_node"])
+    lines, start = ["The stages sit on different pools; give each pool's nodes these NODE_RANKs:"], 0
+    for name, stages in runs:
+        count = stages * (v.gpus // v.pp) // per_node
+        lines.append(f"  pool {name}: NODE_RANK {start}" + (f"..{start + count - 1}" if count > 1 else ""))
+        start += count
+    return per_node, v.gpus // per_node, {pools[n].get("gpu", {}).get("family", "") for n in set(v.stage_pools)}, lines

@@ -32,6 +32,7 @@ from planner.export.common import (
     PlanView,
     check_common,
     check_decoder,
+    launch_nodes,
     refusal,
     require,
 )
@@ -63,13 +64,7 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
     Megatron-LM requires (CUDA_DEVICE_MAX_CONNECTIONS=1 with tp or cp > 1 before Blackwell: its
     validate_args asserts it), one process per GPU, and what the user still supplies named in a
     comment, never defaulted."""
-    cluster = plan["inputs"]["cluster"]
-    placed = _pool_nodes(plan, v) if v.stage_pools else []
-    if placed:  # one node size (export/common.check_pool_stages)
-        per_node, families = placed[0][3], {family for _, _, family, _ in placed}
-    else:
-        per_node, families = min(int(cluster["gpus_per_node"]), v.gpus), {cluster.get("gpu", {}).get("family", "")}
-    nodes = v.gpus // per_node
+    per_node, nodes, families, placed = launch_nodes(plan, v)
     out = ["#!/usr/bin/env bash",
            f"# Megatron-LM launch of a planner plan: {v.model.name} on {v.gpus} GPUs ({nodes} node(s) of {per_node}).",
            f"# Checked against {CHECKED_AGAINST}.",
@@ -77,13 +72,7 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
            "# MEGATRON the Megatron-LM checkout. You supply, after the script's arguments: data",
            "# (--data-path), tokenizer (--tokenizer-type, --tokenizer-model), steps (--train-iters), learning",
            "# rate and schedule, checkpoints (--save, --load)."]
-    if placed:
-        # pipeline stages are the outermost ranks: a stage's pool must hold the node ranks of its ranks
-        out.append("# The stages sit on different pools; give each pool's nodes these NODE_RANKs:")
-        start = 0
-        for name, count, family, _ in placed:
-            out.append(f"#   pool {name}: NODE_RANK {start}" + (f"..{start + count - 1}" if count > 1 else ""))
-            start += count
+    out += [f"# {line}" for line in placed]
     out.append("set -euo pipefail")
     if (v.tp > 1 or v.cp > 1) and families != {"blackwell"}:
         out.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # required by validate_args with tp or cp > 1 before Blackwell")
@@ -96,24 +85,6 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
     out.extend(f"  {line} \\" for line in lines)
     out.append('  "$@"')
     return "\n".join(out) + "\n"
-
-
-def _pool_nodes(plan: dict, v: PlanView) -> list[tuple[str, int, str, int]]:
-    """(pool, nodes, GPU family, GPUs a node) of each run of consecutive stages on one pool, first
-    stage first: the node ranks a pipeline over pools takes from each (its ranks pp outermost)."""
-    pools = {p["name"]: p["cluster"] for p in plan["inputs"]["cluster"]["pools"]}
-    width = v.gpus // v.pp
-    runs: list[list] = []
-    for name in v.stage_pools:
-        if runs and runs[-1][0] == name:
-            runs[-1][1] += 1
-        else:
-            runs.append([name, 1])
-    out = []
-    for name, stages in runs:
-        per_node = int(pools[name]["gpus_per_node"])
-        out.append((name, stages * width // per_node, pools[name].get("gpu", {}).get("family", ""), per_node))
-    return out
 
 
 def arguments(v: PlanView) -> list[Arg]:

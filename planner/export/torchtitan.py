@@ -40,6 +40,7 @@ from planner.export.common import (
     check_rank_order,
     check_transformer,
     describe_split,
+    launch_nodes,
     refusal,
     require,
     single_recompute_policy,
@@ -60,7 +61,11 @@ def export(plan: dict, v: PlanView, fmt: str = "toml") -> str:
     if fmt == "cli":
         return " ".join(f"--{section}.{key} {_cli_value(value)}"
                         for section, keys in sections.items() for key, value in keys.items()) + "\n"
-    return _toml(v, sections)
+    text = _toml(v, sections)
+    if v.stage_pools:  # the node ranks each pool's nodes take (stages are the outermost ranks)
+        first, rest = text.split("\n", 1)
+        text = "\n".join([first, *(f"# {line}" for line in launch_nodes(plan, v)[3]), rest])
+    return text
 
 
 def job_config(v: PlanView, cli: bool = False, head: str = "output") -> dict[str, dict]:

@@ -24,7 +24,7 @@ every field the plan decides. What it writes, and why:
 from __future__ import annotations
 
 from planner.export import torchtitan as v02
-from planner.export.common import PlanView
+from planner.export.common import PlanView, launch_nodes
 
 RUNTIME = "torchtitan"
 FORMATS = ("py",)
@@ -40,9 +40,7 @@ def export(plan: dict, v: PlanView, fmt: str = "py") -> str:
     sections = v02.job_config(v, head="lm_head")  # every check and refusal of the job, shared with 0.2
     model = sections.pop("model")
     checkpoint = sections.pop("activation_checkpoint")
-    cluster = plan["inputs"]["cluster"]
-    per_node = min(int(cluster["gpus_per_node"]), v.gpus)
-    nodes = v.gpus // per_node
+    per_node, nodes, _, placed = launch_nodes(plan, v)
     recipe = RECIPES[model["flavor"]]
     imports = ["from torchtitan.config import CompileConfig",
                "from torchtitan.models.llama3 import model_registry",
@@ -70,6 +68,7 @@ def export(plan: dict, v: PlanView, fmt: str = "py") -> str:
            f'  PYTHONPATH=. torchrun --nproc-per-node {per_node} --nnodes {nodes} --node-rank "${{NODE_RANK:-0}}" \\',
            '    --master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-29500}" \\',
            f"    -m torchtitan.train --module {MODULE} --config {MODULE}",
+           *placed,
            "You supply, as overrides after it: the Hugging Face assets and tokenizer (--hf-assets-path), the",
            "data (--dataloader.dataset, --dataloader.dataset-path), steps (--training.steps), the learning rate",
            f"(--optimizer.*) and checkpoints (--checkpoint.*); until then torchtitan's {recipe} recipe values stand.",
