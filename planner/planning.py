@@ -572,6 +572,7 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     p["band"] = {**band, "step_time_s": [step / (1 + band["high_error"]), step / (1 + band["low_error"])]}
     for stage, j in zip(doc["stages"], best.stage_pool):
         stage["pool"] = cluster.pools[j].name
+    doc["placement"]["tiers"]["pp"] = "between_pools"  # the slowest link a pipeline group crosses
     for j, entry in enumerate(entries):
         held = [i for i, q in enumerate(best.stage_pool) if q == j]
         entry["used_gpus"] = len(held) * width

@@ -161,6 +161,7 @@ def test_the_bench_mix_runs_one_pipeline_over_both_pools_on_megatron(bench_mix):
         lo, hi = by_pool[st["pool"]]["stages"]
         assert lo <= st["index"] <= hi
     assert doc["prediction"]["fits"] and doc["strategy"]["vpp"] == 1
+    assert doc["placement"]["tiers"]["pp"] == "between_pools"
     # each pool's MFU is its stages' model FLOPs over its own GPUs' peak: together, the plan's
     peaks = {"h100": H100.gpu.flops("bf16"), "a100": A100.gpu.flops("bf16")}
     rates = sum(p["mfu"] * p["used_gpus"] * peaks[p["name"]] for p in doc["pools"])
