@@ -489,7 +489,7 @@ def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: di
             except SpecError:
                 continue
             result = best_pool_stages(model, cluster, replace(setup, gpus=gpus), request["constraints"], rules,
-                                      cutoff_s=cutoff_s, progress=request.get("progress"))
+                                      cutoff_s=cutoff_s, progress=request.get("progress"), top=request.get("top", 3))
             searched |= result.considered > 0
             if result.best is not None:
                 found, cutoff_s = (replace(setup, gpus=gpus), result), result.best.step_time_s
@@ -514,6 +514,29 @@ def _alone_alternatives(alone: list[tuple], step: float, top: int) -> list[dict]
           "why_not": f"pool {pool.name} alone ({d['inputs']['training']['gpus']} x {pool.cluster.gpu.name}): "
                      + slower_by(d["prediction"]["step_time_s"], step)} for pool, d in alone),
         key=lambda a: a["step_time_s"])[:top]
+
+
+def _pipeline_alternatives(model: ModelSpec, cluster: MixedCluster, setup: TrainingSetup, result,
+                           step: float) -> list[dict]:
+    """The runners-up among the pipelines over pools (search/pool_stages: the fastest other
+    strategies and orders of the pools), each with the pools its stages sit on and why it lost."""
+    from planner.cost.pools import estimate_on_pools
+
+    clusters = tuple(p.cluster for p in cluster.pools)
+    gpn = min(clusters[j].gpus_per_node for j in result.best.order)
+    code = strategy_conventions(result.best.strategy, gpn)
+    out = []
+    for alt in result.alternatives:
+        est = estimate_on_pools(model, clusters, cluster.between_pools, setup, alt.strategy, alt.stage_pool,
+                                alt.bounds)
+        entry = alternative_entry(alt.strategy, setup, alt.step_time_s, est.peak_memory_bytes, est.fits, step,
+                                  est.capacity_bytes,
+                                  conventions=conventional_reason(code, strategy_conventions(alt.strategy, gpn)))
+        where = ", ".join(f"{cluster.pools[j].name} {n} stage{'s' if n > 1 else ''}" for j, n in
+                          zip(alt.order, alt.counts))
+        entry["why_not"] = f"a pipeline over pools ({where}): {entry['why_not']}"
+        out.append(entry)
+    return out
 
 
 def _over_pools_search(alone: list[tuple], counts: dict, proven: bool) -> dict:
@@ -544,7 +567,8 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     and last stage; pools[].mfu: the model FLOPs of its stages over its GPUs' own peak, which
     the best-published-MFU warning reads), a prediction over all of them (cost/pools.estimate_on_pools: MFU over the
     mean peak of the GPUs, each stage fitting its own pool), the widest band of its pools'; the
-    runners-up are the pools' own plans alone (`alone`: (pool, document) of each pool that has one)."""
+    runners-up are the `top` fastest other pipelines over pools and every pool's own plan alone
+    (`alone`: (pool, document) of each pool that has one)."""
     from planner.cost.pools import estimate_on_pools
     from planner.plan import inputs_block, rounded
 
@@ -579,7 +603,9 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
         if held:
             entry["stages"], entry["mfu"] = [held[0], held[-1]], mfu[j]
     doc["pools"] = _pool_entries(entries)
-    doc["alternatives"] = _alone_alternatives(alone, step, request.get("top", 3))
+    # the runners-up: the `top` fastest other pipelines, then every pool alone
+    doc["alternatives"] = sorted(_pipeline_alternatives(model, cluster, setup, result, step)
+                                 + _alone_alternatives(alone, step, len(alone)), key=lambda a: a["step_time_s"])
     slowest = max(est.stages, key=lambda st: st.time_per_microbatch_s)
     best_alone = min((d["prediction"]["step_time_s"] for _, d in alone), default=None)
     blocks = []

@@ -82,6 +82,8 @@ class PoolStagesResult:
     priced: int
     """(allocation, strategy, order of pools) split DPs run"""
     proven_optimal: bool
+    alternatives: tuple[PoolStages, ...] = ()
+    """the fastest others below the cutoff, fastest first (best_pool_stages' `top`)"""
 
 
 def pool_rules(rules: RuntimeRules) -> RuntimeRules:
@@ -174,9 +176,12 @@ def _widths(model: ModelSpec, floors: dict, pp: int, m: int, limit: float) -> di
 
 
 def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSetup, fixed: dict,
-                     rules: RuntimeRules, cutoff_s: float = float("inf"), progress=None) -> PoolStagesResult | None:
+                     rules: RuntimeRules, cutoff_s: float = float("inf"), progress=None,
+                     top: int = 0) -> PoolStagesResult:
     """The best pipeline over pools (module docstring) of the whole job's `setup` below
-    `cutoff_s` (best None where none fits below it)."""
+    `cutoff_s` (best None where none fits below it), and the `top` fastest others below it
+    (alternatives: each the best split of its strategy and order of the pools; the search then
+    prunes at the slower of the tie limit and the top-th runner-up)."""
     rules = pool_rules(rules)
     clusters = [p.cluster for p in cluster.pools]
     bounded = []
@@ -203,8 +208,16 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
     bounded.sort(key=lambda b: b[:2])
     found: list[PoolStages] = []
     fastest, priced, proven = cutoff_s / (1 + space.TIE_TOLERANCE), 0, True
+
+    def pruned_at() -> float:
+        """What a candidate must beat: the tie limit, or the top-th runner-up where slower (both
+        below the cutoff); a candidate at the limit still ties."""
+        runners = sorted(c.step_time_s for c in found)
+        kept = runners[top] if top and len(runners) > top else (float("inf") if top else 0.0)
+        return min(cutoff_s, max(fastest * (1 + space.TIE_TOLERANCE), kept)) * (1 + TIE)
+
     for k, (low, _, s, counts) in enumerate(bounded):
-        limit = fastest * (1 + space.TIE_TOLERANCE) * (1 + TIE)  # a candidate at the limit still ties
+        limit = pruned_at()
         if low >= limit:
             break
         if progress and k % 16 == 0:
@@ -222,7 +235,7 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
             # stage i's rows from its own pool's tables
             t, tail, ok = (np.stack([tables[j][q][i] for i, j in enumerate(stage_pool)]) for q in range(3))
             t = t + crossing_s(profs, stage_pool, cluster.between_pools)[:, None, None, None]
-            split = stages.best_split(t, tail, ok, m, cutoff=fastest * (1 + space.TIE_TOLERANCE) * (1 + TIE))
+            split = stages.best_split(t, tail, ok, m, cutoff=pruned_at())
             priced += 1
             if split is None:
                 continue
@@ -237,4 +250,6 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
 
     best = min((c for c in found if c.step_time_s <= limit), key=lambda c: (conventions(c), c.step_time_s),
                default=None)
-    return PoolStagesResult(best=best, considered=len(bounded), priced=priced, proven_optimal=proven)
+    others = sorted((c for c in found if c is not best), key=lambda c: c.step_time_s)[:top]
+    return PoolStagesResult(best=best, considered=len(bounded), priced=priced, proven_optimal=proven,
+                            alternatives=tuple(others))
