@@ -61,7 +61,8 @@ def _setup_options(f):
                           "plan priced as the runtime that runs it); one of them; ideal = no runtime's limits "
                           "(what-if: no runtime may run its plans; 'any' is its old name). On a mixed cluster "
                           "every space has one pipeline over its pools where a runtime of it runs one "
-                          "(Megatron-LM), and ideal also data-parallel replicas over pools with batch shares"),
+                          "(Megatron-LM, torchtitan), and ideal also data-parallel replicas over pools with batch "
+                          "shares"),
     ]
     for opt in reversed(opts):
         f = opt(f)

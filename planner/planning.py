@@ -465,18 +465,25 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
 
 
 def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, cutoff_s: float):
-    """The fastest pipeline over several pools below `cutoff_s` (search/pool_stages.py) in the
-    request's space, each runtime of it whose record runs them (RuntimeRules.pool_stages) and
-    each expert layout the request leaves open (moe_variants) searched and priced as itself, ties
-    to the earlier: ((its setup, the result) or None, whether the space has any such pipeline).
-    One precision for every pool (spec/pools.common_precision)."""
+    """The pipeline over several pools below `cutoff_s` (search/pool_stages.py) in the request's
+    space: each runtime of it whose record runs them (RuntimeRules.pool_stages) and each expert
+    layout the request leaves open (moe_variants) searched and priced as itself; of all of them
+    the most conventional within the tie tolerance of the fastest (ties to the faster, then to
+    the earlier search), and the `top` fastest others as its runners-up (each search prunes at
+    the slower of the tie limit and the top-th found so far, so both are exact). ((its setup, a
+    result of the merged searches) or None, whether the space has any such pipeline). One
+    precision for every pool (spec/pools.common_precision)."""
     from dataclasses import replace
 
-    from planner.search.pool_stages import best_pool_stages
+    from planner.search.pool_stages import PoolStagesResult, best_pool_stages
 
-    found, searched = None, False
+    results, searched, cutoff, top = [], False, cutoff_s, request.get("top", 3)
     precision = common_precision(cluster.pools, request["precision"])
     first = cluster.pools[0].cluster
+
+    def found() -> list:
+        return [c for r in results for c in ([r.best] if r.best else []) + list(r.alternatives)]
+
     for name in _space_names(model, request["runtime"]):
         rules = RUNTIME_RULES[name]
         if rules.pool_stages == "none" or precision not in rules.precisions:
@@ -489,11 +496,34 @@ def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: di
             except SpecError:
                 continue
             result = best_pool_stages(model, cluster, replace(setup, gpus=gpus), request["constraints"], rules,
-                                      cutoff_s=cutoff_s, progress=request.get("progress"), top=request.get("top", 3))
+                                      cutoff_s=cutoff, progress=request.get("progress"), top=top)
             searched |= result.considered > 0
-            if result.best is not None:
-                found, cutoff_s = (replace(setup, gpus=gpus), result), result.best.step_time_s
-    return found, searched
+            results.append(result)
+            steps = sorted(c.step_time_s for c in found())
+            if steps:
+                kept = steps[top] if top and len(steps) > top else (float("inf") if top else 0.0)
+                cutoff = min(cutoff_s, max(steps[0] * (1 + TIE_TOLERANCE), kept))
+    pool = found()
+    if not pool:
+        return None, searched
+    fastest = min(c.step_time_s for c in pool)
+
+    def conventions(c) -> int:
+        return strategy_conventions(c.strategy, min(cluster.pools[j].cluster.gpus_per_node for j in c.order))
+
+    ranked = sorted(range(len(pool)), key=lambda k: pool[k].step_time_s)
+    best = pool[min((k for k in ranked if pool[k].step_time_s <= fastest * (1 + TIE_TOLERANCE)),
+                    key=lambda k: (conventions(pool[k]), pool[k].step_time_s, k))]
+    others = []
+    for k in ranked:
+        c = pool[k]
+        if c is not best and len(others) < top and not any(
+                (o.step_time_s, o.bounds, o.order) == (c.step_time_s, c.bounds, c.order) for o in [best, *others]):
+            others.append(c)
+    merged = PoolStagesResult(best=best, considered=sum(r.considered for r in results),
+                              priced=sum(r.priced for r in results),
+                              proven_optimal=all(r.proven_optimal for r in results), alternatives=tuple(others))
+    return (best.setup, merged), searched
 
 
 POOL_KEYS = ("name", "cluster", "gpu", "gpus", "used_gpus", "stages", "mfu", "precision", "step_time_s", "why_not",
@@ -516,22 +546,25 @@ def _alone_alternatives(alone: list[tuple], step: float, top: int) -> list[dict]
         key=lambda a: a["step_time_s"])[:top]
 
 
-def _pipeline_alternatives(model: ModelSpec, cluster: MixedCluster, setup: TrainingSetup, result,
-                           step: float) -> list[dict]:
+def _pipeline_alternatives(model: ModelSpec, cluster: MixedCluster, request: dict, result, step: float) -> list[dict]:
     """The runners-up among the pipelines over pools (search/pool_stages: the fastest other
-    strategies and orders of the pools), each with the pools its stages sit on and why it lost."""
+    strategies and orders of the pools), each with the pools its stages sit on, the runtime it
+    was found for where the request's space is several runtimes', and why it lost."""
     from planner.cost.pools import estimate_on_pools
 
     clusters = tuple(p.cluster for p in cluster.pools)
-    gpn = min(clusters[j].gpus_per_node for j in result.best.order)
-    code = strategy_conventions(result.best.strategy, gpn)
+
+    def conventions(c) -> int:
+        return strategy_conventions(c.strategy, min(clusters[j].gpus_per_node for j in c.order))
+
     out = []
     for alt in result.alternatives:
-        est = estimate_on_pools(model, clusters, cluster.between_pools, setup, alt.strategy, alt.stage_pool,
+        est = estimate_on_pools(model, clusters, cluster.between_pools, alt.setup, alt.strategy, alt.stage_pool,
                                 alt.bounds)
-        entry = alternative_entry(alt.strategy, setup, alt.step_time_s, est.peak_memory_bytes, est.fits, step,
+        entry = alternative_entry(alt.strategy, alt.setup, alt.step_time_s, est.peak_memory_bytes, est.fits, step,
                                   est.capacity_bytes,
-                                  conventions=conventional_reason(code, strategy_conventions(alt.strategy, gpn)))
+                                  alt.setup.runtime if request["runtime"] == SUPPORTED else None,
+                                  conventional_reason(conventions(result.best), conventions(alt)))
         where = ", ".join(f"{cluster.pools[j].name} {n} stage{'s' if n > 1 else ''}" for j, n in
                           zip(alt.order, alt.counts))
         entry["why_not"] = f"a pipeline over pools ({where}): {entry['why_not']}"
@@ -603,9 +636,10 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
         if held:
             entry["stages"], entry["mfu"] = [held[0], held[-1]], mfu[j]
     doc["pools"] = _pool_entries(entries)
-    # the runners-up: the `top` fastest other pipelines, then every pool alone
-    doc["alternatives"] = sorted(_pipeline_alternatives(model, cluster, setup, result, step)
-                                 + _alone_alternatives(alone, step, len(alone)), key=lambda a: a["step_time_s"])
+    # the runners-up: the `top` fastest other pipelines, then every pool alone (none with top 0)
+    doc["alternatives"] = sorted(_pipeline_alternatives(model, cluster, request, result, step)
+                                 + _alone_alternatives(alone, step, len(alone) if request.get("top", 3) else 0),
+                                 key=lambda a: a["step_time_s"])
     slowest = max(est.stages, key=lambda st: st.time_per_microbatch_s)
     best_alone = min((d["prediction"]["step_time_s"] for _, d in alone), default=None)
     blocks = []

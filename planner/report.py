@@ -191,7 +191,7 @@ def pools_table(plan: dict) -> None:
         held = p.get("stages")
         row = [esc(p["name"]), esc(p["gpu"]), str(p["gpus"]), str(p["used_gpus"]) if p["used_gpus"] else "idle",
                *(((f"{held[0]}" if held[0] == held[1] else f"{held[0]}-{held[1]}") if held else "-",
-                  f"{p['mfu'] * 100:.1f} %" if held else "-") if staged else ()),
+                  f"{p['mfu'] * 100:.1f} %" if held and "mfu" in p else "-") if staged else ()),
                alone]
         if shares:
             sh = p.get("share")

@@ -36,9 +36,9 @@ def mix(*nodes: int, clusters=(H100, A100)) -> MixedCluster:
     return MixedCluster("mix", tuple(Pool(f"p{i}", c, n) for i, (c, n) in enumerate(zip(clusters, nodes))), LINK)
 
 
-def job(model, cluster: MixedCluster, gpus: int, batch: int, runtime: str = "megatron"):
+def job(model, cluster: MixedCluster, gpus: int, batch: int, runtime: str = "megatron", seq: int = 2048):
     first = cluster.pools[0].cluster
-    return replace(_setup(model, first, first.gpus_per_node, batch, 2048, "bf16", "flash", runtime, 0.05), gpus=gpus)
+    return replace(_setup(model, first, first.gpus_per_node, batch, seq, "bf16", "flash", runtime, 0.05), gpus=gpus)
 
 
 def brute_force(model, cluster, setup, fixed, runtime):
@@ -334,3 +334,32 @@ def test_in_the_default_space_a_mix_is_bounded_by_its_best_pool_and_by_its_pools
         alone = make_plan(model, pool.cluster, pool.gpus, **request)["prediction"]["step_time_s"]
         assert step <= alone * (1 + 1e-9)
     assert make_plan(model, better, better.gpus, **request)["prediction"]["step_time_s"] <= step * (1 + TIE_TOLERANCE)
+
+
+@pytest.mark.parametrize("runtime", [n for n, r in RUNTIME_RULES.items() if r.pool_stages != "none"])
+def test_every_pipeline_over_pools_a_runtime_is_searched_for_is_one_its_record_runs(runtime):
+    """search/pool_stages.candidates yields only strategies the runtime's own record runs
+    (RuntimeRules.refusal: torchtitan's ZeRO-0 only alone, its ZeRO stages, ...)."""
+    model, cluster = load_model("llama3-8b"), mix(1, 2)
+    rules = RUNTIME_RULES[runtime]
+    every = list(candidates(model, cluster, job(model, cluster, 24, 48, runtime), {}, pool_rules(rules)))
+    assert every and not [s for _, s in every if rules.refusal(s, model)]
+
+
+def test_the_runners_up_of_several_runtimes_searches_are_the_fastest_of_all():
+    """In the supported space Megatron-LM's and torchtitan's pipelines over pools are searched
+    each: the plan is the most conventional within the tie tolerance of the fastest of both, its
+    pipeline runners-up the three fastest others of both, each labelled with its runtime."""
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-plus-a100")
+    doc = make_plan(model, cluster, 96, global_batch=384, seq_len=4096, precision="bf16", attention="flash",
+                    constraints={}, top=3, runtime="supported")
+    every = []
+    for runtime in ("megatron", "torchtitan"):
+        r = best_pool_stages(model, cluster, job(model, cluster, 96, 384, runtime, seq=4096), {},
+                             RUNTIME_RULES[runtime], top=50)
+        every += [r.best, *r.alternatives]
+    steps = sorted(c.step_time_s for c in every)
+    assert doc["prediction"]["step_time_s"] == pytest.approx(steps[0], rel=1e-5)
+    pipelines = [a for a in doc["alternatives"] if a["why_not"].startswith("a pipeline over pools")]
+    assert [a["step_time_s"] for a in pipelines] == pytest.approx(steps[1:4], rel=1e-5)
+    assert all(a["runtime"] in ("megatron", "torchtitan") for a in pipelines)

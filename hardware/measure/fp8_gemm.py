@@ -51,22 +51,29 @@ def measure() -> dict:
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "date": datetime.date.today().isoformat(), "script": "hardware/measure/fp8_gemm.py", "gemms": []}
     one = torch.tensor(1.0, device=dev)
+    fp8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+    has_fp8 = bool(torch.version.hip) or torch.cuda.get_device_capability() >= (8, 9)  # Ada, Hopper and later
+    out["fp8"] = str(fp8) if has_fp8 else "none (compute capability below 8.9)"
     for m, n, k in SHAPES:
         a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         b = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         flops = 2.0 * m * n * k
         row = {"m": m, "n": n, "k": k, "bf16_tflops": flops / _time_s(lambda: a @ b.t()) / 1e12}
-        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+        out["gemms"].append(row)
+        if not has_fp8:
+            continue
+        a8, b8 = a.to(fp8), b.to(fp8)
         for fast in (False, True):
             t = _time_s(lambda: torch._scaled_mm(a8, b8.t(), one, one, out_dtype=torch.bfloat16,
                                                  use_fast_accum=fast))
             row[f"fp8_{'fast' if fast else 'split'}_accum_tflops"] = flops / t / 1e12
-        out["gemms"].append(row)
     x = torch.randn(16384, 8192, device=dev, dtype=torch.bfloat16)
     copy_s = _time_s(lambda: x.clone())
     copy_Bps = 2 * 2 * x.numel() / copy_s  # read and write 2 bytes an element
-    current = _time_s(lambda: (x * (448.0 / x.abs().amax())).to(torch.float8_e4m3fn))
-    delayed = _time_s(lambda: (x * 0.5).to(torch.float8_e4m3fn))
+    if not has_fp8:
+        return out
+    current = _time_s(lambda: (x * (448.0 / x.abs().amax())).to(fp8))
+    delayed = _time_s(lambda: (x * 0.5).to(fp8))
     out["casts"] = {"elements": x.numel(), "copy_GBps": copy_Bps / 1e9,
                     "current_scaling_bytes_per_element": current * copy_Bps / x.numel(),
                     "delayed_scaling_bytes_per_element": delayed * copy_Bps / x.numel(),

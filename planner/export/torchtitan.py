@@ -58,6 +58,8 @@ def export(plan: dict, v: PlanView, fmt: str = "toml") -> str:
     if fmt not in FORMATS:
         raise ExportError(f"torchtitan formats are {', '.join(FORMATS)}; not {fmt!r}")
     sections = job_config(v, cli=fmt == "cli")
+    require(fmt != "cli" or not v.stage_pools, RUNTIME, "command line names no node rank of a pool (the TOML does)",
+            "pipeline stages over pools " + ", ".join(dict.fromkeys(v.stage_pools)))
     if fmt == "cli":
         return " ".join(f"--{section}.{key} {_cli_value(value)}"
                         for section, keys in sections.items() for key, value in keys.items()) + "\n"

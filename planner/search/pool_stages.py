@@ -67,6 +67,8 @@ class PoolStages:
     bounds: tuple[tuple[int, int], ...]
     """the layer range [a, b) of every stage"""
     step_time_s: float
+    setup: TrainingSetup | None = None
+    """the training setup it was priced under (its runtime, its expert layout)"""
 
     @property
     def stage_pool(self) -> tuple[int, ...]:
@@ -130,7 +132,7 @@ def candidates(model: ModelSpec, cluster: MixedCluster, setup: TrainingSetup, fi
                                                  recompute=mode, recompute_layers=fixed.get("recompute_layers"),
                                                  sequence_parallel=sp, dp_overlap=fixed.get("dp_overlap", True),
                                                  order=ORDER)
-                                    if not strategy_problems(s, model, setup):
+                                    if not strategy_problems(s, model, setup) and not rules.refusal(s, model, tp // etp):
                                         yield used, s
 
 
@@ -241,7 +243,7 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
                 continue
             proven &= split.exhaustive
             found.append(PoolStages(strategy=s, order=order, counts=n_stages, bounds=split.bounds,
-                                    step_time_s=split.step_s))
+                                    step_time_s=split.step_s, setup=setup))
             fastest = min(fastest, split.step_s)
     limit = fastest * (1 + space.TIE_TOLERANCE)
 
@@ -250,6 +252,11 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
 
     best = min((c for c in found if c.step_time_s <= limit), key=lambda c: (conventions(c), c.step_time_s),
                default=None)
-    others = sorted((c for c in found if c is not best), key=lambda c: c.step_time_s)[:top]
+    others: list[PoolStages] = []
+    for c in sorted((c for c in found if c is not best), key=lambda c: c.step_time_s):
+        # a twin priced alike (the same split and step: ZeRO 0 and 1 with dp 1, say) is one runner-up
+        if len(others) < top and not any((o.step_time_s, o.bounds, o.order) == (c.step_time_s, c.bounds, c.order)
+                                         for o in [*others, *([best] if best else [])]):
+            others.append(c)
     return PoolStagesResult(best=best, considered=len(bounded), priced=priced, proven_optimal=proven,
                             alternatives=tuple(others))
