@@ -6,7 +6,7 @@ import math
 
 from planner.bands import mfu_warning
 from planner.cost.memory import capacity_bytes
-from planner.cost.step import estimate, expert_fold, stage_model_flops
+from planner.cost.step import estimate, expert_fold
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan, slower_by, strategy_block
 from planner.runtimes import RUNTIME_RULES, TARGETS, builds, ep_overlap_runs_mtp, model_refusal, record_name
@@ -602,7 +602,7 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     mean peak of the GPUs, each stage fitting its own pool), the widest band of its pools'; the
     runners-up are the `top` fastest other pipelines over pools and every pool's own plan alone
     (`alone`: (pool, document) of each pool that has one)."""
-    from planner.cost.pools import estimate_on_pools
+    from planner.cost.pools import estimate_on_pools, pool_mfu
     from planner.plan import inputs_block, rounded
 
     best = result.best
@@ -612,10 +612,7 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     used = sorted(set(best.stage_pool))
     proven = result.proven_optimal and all(d["search"]["proven_optimal"] for _, d in alone)
     width = best.strategy.tp * best.strategy.cp * best.strategy.dp
-    # each pool's MFU: the model FLOPs of its stages over its GPUs at their own peak
-    flops = stage_model_flops(model, setup.seq_len, est.stages)
-    mfu = {j: sum(f for f, q in zip(flops, best.stage_pool) if q == j) * setup.global_batch / est.step_time_s
-           / (best.stage_pool.count(j) * width * clusters[j].gpu.flops(setup.precision)) for j in used}
+    mfu = pool_mfu(model, clusters, setup, best.strategy, best.stage_pool, est)
     notes = [n for j in used for n in _notes(clusters[j], setup, proven_optimal=proven, mfu=mfu[j])]
     union = request["runtime"] == SUPPORTED
     doc = build_plan(model, clusters[best.stage_pool[0]], setup, best.strategy, est, request["constraints"],
@@ -629,7 +626,6 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     p["band"] = {**band, "step_time_s": [step / (1 + band["high_error"]), step / (1 + band["low_error"])]}
     for stage, j in zip(doc["stages"], best.stage_pool):
         stage["pool"] = cluster.pools[j].name
-    doc["placement"]["tiers"]["pp"] = "between_pools"  # the slowest link a pipeline group crosses
     for j, entry in enumerate(entries):
         held = [i for i, q in enumerate(best.stage_pool) if q == j]
         entry["used_gpus"] = len(held) * width

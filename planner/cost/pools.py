@@ -16,6 +16,8 @@ over the stages (step.split_step). Interleaving is not priced here (one chunk pe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from planner.cost import comm, memory
@@ -26,6 +28,7 @@ from planner.cost.step import (
     p2p_message_bytes,
     profile,
     split_terms,
+    stage_model_flops,
 )
 from planner.spec.hardware import Cluster, LinkTier
 from planner.spec.model import ModelSpec
@@ -79,5 +82,18 @@ def estimate_on_pools(model: ModelSpec, clusters: tuple[Cluster, ...], link: Lin
     peak = sum(clusters[p].gpu.flops(setup.precision) for p in stage_pool) / len(stage_pool)
     capacities = tuple(memory.capacity_bytes(clusters[p], setup) for p in stage_pool)
     nodes = min(min(clusters[p].gpus_per_node, setup.gpus) for p in profs)
-    return estimate_of_terms(model, setup, s, list(bounds), terms, profs[stage_pool[0]].microbatches, peak,
-                             capacities, nodes)
+    est = estimate_of_terms(model, setup, s, list(bounds), terms, profs[stage_pool[0]].microbatches, peak,
+                            capacities, nodes)
+    if len(profs) > 1:  # the pipeline's groups cross the link between the pools
+        est = replace(est, tiers={**est.tiers, "pp": "between_pools"})
+    return est
+
+
+def pool_mfu(model: ModelSpec, clusters: tuple[Cluster, ...], setup: TrainingSetup, s: Strategy,
+             stage_pool: tuple[int, ...], est: StepEstimate) -> dict[int, float]:
+    """Each pool's MFU in a pipeline over pools: the model FLOPs of its stages
+    (step.stage_model_flops) over its GPUs (tp*cp*dp a stage) at their own dense peak."""
+    flops = stage_model_flops(model, setup.seq_len, est.stages)
+    width = s.tp * s.cp * s.dp
+    return {j: sum(f for f, q in zip(flops, stage_pool) if q == j) * setup.global_batch / est.step_time_s
+            / (stage_pool.count(j) * width * clusters[j].gpu.flops(setup.precision)) for j in sorted(set(stage_pool))}
