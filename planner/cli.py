@@ -11,7 +11,7 @@ from planner import __version__
 from planner.errors import PlannerError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
 from planner.runtimes import OLDER_VERSIONS, TARGETS
-from planner.spec.training import DEFAULT_HEADROOM
+from planner.spec.training import DEFAULT_HEADROOM, FP8_RECIPES
 
 
 _DEGREE = click.IntRange(1, MAX_GPUS)
@@ -66,18 +66,19 @@ def _setup_options(f):
     ]
     for opt in reversed(opts):
         f = opt(f)
-    return _moe_options(f)
+    return _run_options(f)
 
 
-def _moe_options(f):
-    """The MoE flags, handed to the command as one `moe` (MoeOptions)."""
+def _run_options(f):
+    """The MoE and fp8-recipe flags, handed to the command as one `options` (RunOptions)."""
     import functools
 
-    from planner.spec.training import MoeOptions
+    from planner.spec.training import RunOptions
 
     @functools.wraps(f)
-    def command(*args, moe_dispatcher, ep_overlap, moe_folding, **kwargs):
-        return f(*args, moe=MoeOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding),
+    def command(*args, moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, **kwargs):
+        return f(*args, options=RunOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding,
+                                           fp8_recipe=fp8_recipe or ""),
                  **kwargs)
 
     opts = [
@@ -91,6 +92,9 @@ def _moe_options(f):
                      help="expert layers without tensor parallelism, ep carved from tp x cp x dp (Megatron's "
                           "MoE parallel folding, --expert-tensor-parallel-size 1), or with the dense tp  "
                           "[default: both, where the runtime folds]"),
+        click.option("--fp8-recipe", type=click.Choice(list(FP8_RECIPES)), default=None,
+                     help="how fp8 tensors are scaled (Megatron's --fp8-recipe; torchtitan runs tensorwise): its "
+                          "quantisation kernels are priced  [default: the runtime's: megatron delayed]"),
     ]
     for opt in reversed(opts):
         command = opt(command)
@@ -125,7 +129,7 @@ def _headroom_option(default: float):
 @_headroom_option(0.0)
 @click.option("--json", "as_json", is_flag=True, help="print exactly one plan document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here")
-def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, moe,
+def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, options,
              memory_headroom, as_json, output, **knobs):
     """Price exactly the strategy given (unset knobs take documented defaults)."""
     from planner import report
@@ -144,7 +148,7 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
     constraints = {k: v for k, v in knobs.items() if v is not None}
     plan = estimate_plan(model, cluster, gpus=gpus, global_batch=global_batch, seq_len=seq_len,
                          precision=precision, attention=attention, runtime=runtime, constraints=constraints,
-                         memory_headroom=memory_headroom, moe=moe)
+                         memory_headroom=memory_headroom, options=options)
     text = dumps(plan)
     if output:
         write_atomic(output, text)
@@ -243,7 +247,7 @@ def calibrate(runs_file, cluster_name, output):
 @click.option("--json", "as_json", is_flag=True, help="print exactly one JSON document on stdout")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the plan file here (atomically)")
 @click.option("--dask", help="run a sweep on the Dask cluster at this scheduler address (the dask extra)")
-def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, moe,
+def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attention, runtime, options,
          solver, time_limit_s, top, show_ranks, memory_headroom, as_json, output, dask, **knobs):
     """Search the strategy space and write the best plan (strategy flags are constraints)."""
     from planner import report
@@ -264,7 +268,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
     request = dict(model=model, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
                    precision=precision, attention=attention, runtime=runtime, constraints=constraints,
                    solver=solver, time_limit_s=time_limit_s, top=top, memory_headroom=memory_headroom,
-                   moe=moe)
+                   options=options)
     if one_count:
         with report.progress("searching", delay_s=1.0) as step:
             doc = make_plan(gpus=counts[0], progress=step, **request)
@@ -306,7 +310,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16", show_default=True)
 @click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True)
 @click.option("--runtime", type=click.Choice(_RUNTIMES), default="supported", show_default=True)
-@_moe_options
+@_run_options
 @_strategy_options
 @click.option("--tokens", type=float, help="tokens to train on (or --steps)")
 @click.option("--steps", type=click.IntRange(1, None), help="optimizer steps to run (or --tokens)")
@@ -328,7 +332,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
 def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_len, precision, attention, runtime,
              tokens, steps,
              gpu_hour_price, pue, failure_rate, storage_gbps, storage_node_gbps, async_checkpoint, host_copy_gbps,
-             restart_s, memory_headroom, fmt, output, plot_file, dask, moe, **knobs):
+             restart_s, memory_headroom, fmt, output, plot_file, dask, options, **knobs):
     """A whole training run: days, GPU-hours, cost, energy and goodput under failures, per
     cluster, GPU count and batch (the best plan's step time; planner/forecast.py)."""
     import json
@@ -360,7 +364,7 @@ def forecast(model_ref, cluster_refs, gpus, global_batches, schedule_text, seq_l
         doc = rounded(forecast_document(model, clusters, gpus, list(global_batches), seq_len, precision, attention,
                                         runtime, inputs, memory_headroom, progress=step, schedule=schedule,
                                         dask=dask, constraints={k: v for k, v in knobs.items() if v is not None},
-                                        moe=moe))
+                                        options=options))
     text = csv_text(doc) if fmt == "csv" else json.dumps(doc, sort_keys=True, indent=2) + "\n"
     if output:
         write_atomic(output, text)

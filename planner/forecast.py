@@ -34,7 +34,7 @@ from scipy.special import lambertw
 from planner.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from planner.errors import InfeasibleError, SpecError
 from planner.spec.pools import MixedCluster
-from planner.spec.training import MoeOptions
+from planner.spec.training import RunOptions
 
 CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES + OPTIMIZER_BYTES
 """16-bit weights plus fp32 master weights and Adam's two moments, as distributed checkpoints of
@@ -366,7 +366,7 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
                       precision: str, attention: str, runtime: str, inputs: RunInputs,
                       memory_headroom: float, progress=None, schedule: list[Phase] | None = None,
                       dask: str | None = None, constraints: dict | None = None,
-                      moe: MoeOptions = MoeOptions()) -> dict:
+                      options: RunOptions = RunOptions()) -> dict:
     """planner.forecast/v1: one row per cluster x GPU count x global batch (the best plan's run,
     or why the configuration has none), the time-cost Pareto front marked, and per cluster and
     batch the GPU count past which doubling gives less than 1.2x."""
@@ -395,7 +395,7 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
             for batch, seq, _ in phases:
                 request = dict(model=model, cluster=cluster, global_batch=batch, seq_len=seq, precision=precision,
                                attention=attention, runtime=runtime, constraints=dict(constraints or {}), top=0,
-                               memory_headroom=memory_headroom, per_runtime=False, moe=moe)
+                               memory_headroom=memory_headroom, per_runtime=False, options=options)
                 if len(counts) == 1:
                     try:
                         entries = [{"gpus": counts[0], "plan": make_plan(gpus=counts[0], **request)}]
@@ -448,13 +448,15 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
         notes.append(f"restart after a failure {RESTART_S:g} s (assumed; --restart-s)")
     notes.append("the front is " + ("days against cost" if priced else "days against GPU-hours (no price given)"))
     # forecasts made before these knobs read alike
-    given = {k: True for k, on in (("ep_overlap", moe.ep_overlap), ("moe_folding", moe.folding)) if on}
+    given = {k: True for k, on in (("ep_overlap", options.ep_overlap), ("moe_folding", options.folding)) if on}
+    if options.fp8_recipe:
+        given["fp8_recipe"] = options.fp8_recipe
     return {"schema": SCHEMA, "planner_version": __version__,
             "inputs": {**given, "model": model.name, "clusters": [c.name for c in clusters], "gpus": gpus,
                        "global_batches": list(global_batches), "seq_len": seq_len or model.seq_len,
                        "schedule": [[p.global_batch, p.seq_len, p.until_tokens] for p in schedule or []],
                        "precision": precision, "runtime": runtime, "constraints": dict(constraints or {}),
-                       "moe_dispatcher": moe.dispatcher, "tokens": inputs.tokens, "steps": inputs.steps,
+                       "moe_dispatcher": options.dispatcher, "tokens": inputs.tokens, "steps": inputs.steps,
                        "price_per_gpu_hour": inputs.price_per_gpu_hour, "pue": inputs.pue,
                        "failure_rate_per_gpu_hour": inputs.failure_rate_per_gpu_hour,
                        "async_checkpoint": inputs.async_checkpoint, "restart_s": inputs.restart_s},

@@ -91,6 +91,10 @@ class Work:
     norm_elements: float = 0.0
     """elements the layer's two norms normalise per GPU in forward (each moves NORM_FUSED_BYTES
     of them inside elementwise_bytes: one fused kernel)"""
+    quant_elements: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """what an fp8 recipe quantises per GPU (cost/compute.quant_time_s): the forward GEMM inputs no
+    norm writes, those a norm writes (a norm kernel can emit them quantised), the output
+    gradients backward quantises; the router's GEMM stays in high precision"""
 
 
 NORM_FUSED_BYTES = 2 * ACT_BYTES
@@ -242,10 +246,18 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     has_dropout = ctx.dropout > 0
 
     gemms = []
-    for l in layer.attn_linears + layer.mlp_linears:
+    quant = [0.0, 0.0, 0.0]
+    # inputs a norm writes: every attention linear but the output projection (the QKV, or MLA's
+    # down-projections and the up-projections behind its latent norms) and a dense layer's first
+    # MLP linear; an MoE layer's MLP input is the pre-MLP norm's output shared with the router
+    n_attn = len(layer.attn_linears)
+    for i, l in enumerate(layer.attn_linears + layer.mlp_linears):
         n = l.n / tp if l.split == "col" else l.n
         k = l.k / tp if l.split == "row" else l.k
         gemms.append((2 * tokens * n * k, intensity(tokens, n, k)))
+        fed = i < n_attn - 1 or (i == n_attn and not layer.experts)
+        quant[1 if fed else 0] += tokens * k / (tp if ctx.sp and l.split == "col" else 1)
+        quant[2] += tokens * n / (tp if ctx.sp and l.split == "row" else 1)
     expert_tokens = 0.0
     etp = 1 if ctx.folded else tp
     if layer.experts:
@@ -259,6 +271,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
             n = l.n / etp if l.split == "col" else l.n
             k = l.k / etp if l.split == "row" else l.k
             gemms.append((2 * routed * n * k, intensity(per_expert, n, k)))
+            quant[0] += routed * k
+            quant[2] += routed * n
         gemms.append((2 * tokens * h * layer.experts, intensity(tokens, layer.experts, h)))
 
     # Attention core: scores 2*s*s*d_qk and context 2*s*s*d_v per head and sequence.
@@ -301,7 +315,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         ep_collectives=2 if layer.experts else 0,
         saved=saved, saved_full_recompute=ACT_BYTES * rep,
         params_local=params_local, expert_params_local=expert_local_all,
-        gemm_weight_params=gemm_weights, model_flops=model_flops, norm_elements=2 * rep)
+        gemm_weight_params=gemm_weights, model_flops=model_flops, norm_elements=2 * rep,
+        quant_elements=tuple(quant))
 
 
 def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,

@@ -18,7 +18,7 @@ from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.pools import MixedCluster, check_gpus, common_precision, pool_precision
-from planner.spec.training import DEFAULT_HEADROOM, MoeOptions, TrainingSetup, check_gpu_count, resolve_strategy
+from planner.spec.training import DEFAULT_HEADROOM, RunOptions, TrainingSetup, check_gpu_count, resolve_strategy
 from planner.units import bytes_to_gib
 
 SUPPORTED = "supported"
@@ -52,7 +52,7 @@ def _notes(cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes
 
 
 def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
-           attention: str, runtime: str, memory_headroom: float, moe: MoeOptions = MoeOptions()) -> TrainingSetup:
+           attention: str, runtime: str, memory_headroom: float, options: RunOptions = RunOptions()) -> TrainingSetup:
     """The training setup of a request (the model's sequence length unless one is given), after
     checking that the GPU count fills whole nodes."""
     check_gpu_count(gpus, cluster.gpus_per_node)
@@ -63,33 +63,33 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
     if not model.is_graph and model.position_embedding == "learned" and seq > model.max_position:
         raise SpecError(f"--seq-len {seq}: {model.name} has a learned position table of {model.max_position} "
                         "positions; a longer sequence has no position embedding")
-    if moe.ep_overlap and model.moe is None:
+    if options.ep_overlap and model.moe is None:
         raise SpecError(f"--ep-overlap overlaps expert all-to-alls; {model.name} has no experts")
-    if moe.folding and model.moe is None:
+    if options.folding and model.moe is None:
         raise SpecError(f"--moe-folding lays out expert layers; {model.name} has no experts")
-    if moe.ep_overlap and not ep_overlap_runs_mtp(model.mtp_layers, pp=max(2, model.layers)):
+    if options.ep_overlap and not ep_overlap_runs_mtp(model.mtp_layers, pp=max(2, model.layers)):
         raise SpecError(f"--ep-overlap runs at most one MTP layer; {model.name} has {model.mtp_layers}")
     return TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len, precision=precision,
                          attention=attention, runtime=runtime, memory_headroom=memory_headroom,
-                         **moe.setup_fields())
+                         **options.setup_fields())
 
 
-def moe_variants(model: ModelSpec, runtime: str, moe: MoeOptions) -> list[MoeOptions]:
+def moe_variants(model: ModelSpec, runtime: str, options: RunOptions) -> list[RunOptions]:
     """The expert layouts a request searches under `runtime`: the one it names, else unfolded
     and, where the runtime folds experts (RuntimeRules.moe_folding) and the model has them,
     folded too (ties go to the first)."""
     from dataclasses import replace
-    if moe.folding is not None:
-        return [moe]
-    unfolded = replace(moe, folding=False)
+    if options.folding is not None:
+        return [options]
+    unfolded = replace(options, folding=False)
     if model.moe is None or runtime not in RUNTIME_RULES or not RUNTIME_RULES[runtime].moe_folding:
         return [unfolded]
-    return [unfolded, replace(moe, folding=True)]
+    return [unfolded, replace(options, folding=True)]
 
 
 def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None,
                   precision: str, attention: str, runtime: str, constraints: dict, memory_headroom: float = 0.0,
-                  moe: MoeOptions = MoeOptions()) -> dict:
+                  options: RunOptions = RunOptions()) -> dict:
     """The plan document of exactly the strategy given (unset knobs take their defaults; no
     headroom unless asked: a configuration that ran, fits), priced as `runtime` runs it (a
     strategy its record refuses: SpecError), or with SUPPORTED as the fastest of the TARGETS that
@@ -102,7 +102,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     priced, refused = [], []
     for name in _space_names(model, runtime):
         errors = []
-        for variant in moe_variants(model, name, moe):
+        for variant in moe_variants(model, name, options):
             try:
                 setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name,
                                memory_headroom, variant)
@@ -116,14 +116,14 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
             est = estimate(model, cluster, setup, strategy)
             priced.append((est.step_time_s, len(priced), setup, strategy, est))
             break  # the first layout that runs it: the default one where it does
-        if len(errors) == len(moe_variants(model, name, moe)):  # no layout of this runtime runs it
+        if len(errors) == len(moe_variants(model, name, options)):  # no layout of this runtime runs it
             if not union:
                 raise errors[0]
             refused.append(str(errors[0]))
     notes = []
     if not priced:
         error = None
-        for variant in moe_variants(model, "ideal", moe):
+        for variant in moe_variants(model, "ideal", options):
             try:
                 setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, "ideal",
                                memory_headroom, variant)
@@ -140,7 +140,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     notes = _notes(cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu) + notes
     if union and not builds(model):
         notes.append(_unbuilt_note(model))
-    return _with_runtimes(_requested(moe, build_plan(model, cluster, setup, strategy, est, constraints,
+    return _with_runtimes(_requested(options, build_plan(model, cluster, setup, strategy, est, constraints,
                                      {"name": "none", "time_limit_s": 0}, notes=notes,
                                      runtimes=(list(TARGETS) if builds(model) else []) if union else None)))
 
@@ -148,7 +148,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
               attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
               top: int = 3, progress=None, found: dict | None = None, memory_headroom: float = DEFAULT_HEADROOM,
-              moe: MoeOptions = MoeOptions(), per_runtime: bool = True) -> dict:
+              options: RunOptions = RunOptions(), per_runtime: bool = True) -> dict:
     """The plan document of the best strategy in the space of `runtime`, or with SUPPORTED in the
     union of the spaces of TARGETS (each searched exactly, the fastest plan of all taken, ties to
     the earlier in TARGETS; a model none of them builds is planned in the ideal space, with a
@@ -164,13 +164,13 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
         return plan_on_pools(model, cluster, gpus, global_batch=global_batch, seq_len=seq_len, precision=precision,
                              attention=attention, runtime=runtime, constraints=constraints, solver=solver,
                              time_limit_s=time_limit_s, top=top, progress=progress, memory_headroom=memory_headroom,
-                             moe=moe, per_runtime=per_runtime)
+                             options=options, per_runtime=per_runtime)
     union, built = runtime == SUPPORTED, builds(model)
     names = _space_names(model, runtime)
     searched, refused = {}, {}
     for name in names:
         # one search per expert layout the request leaves open (moe_variants), keyed apart
-        for k, variant in enumerate(moe_variants(model, name, moe)):
+        for k, variant in enumerate(moe_variants(model, name, options)):
             label = name if k == 0 else f"{name} folded"
             try:
                 setup = _setup(model, cluster, gpus, global_batch, seq_len, precision, attention, name,
@@ -220,17 +220,17 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
                      "run it as planned")
     bests = (_per_runtime(model, cluster, searched, refused, constraints, solver, time_limit_s, memo)
              if union and built and per_runtime else None)
-    return _with_runtimes(_requested(moe, build_plan(model, cluster, setup, best.strategy, est, constraints,
+    return _with_runtimes(_requested(options, build_plan(model, cluster, setup, best.strategy, est, constraints,
                                      {"name": solver, "time_limit_s": time_limit_s}, alternatives=alternatives,
                                      notes=notes, search=_search_summary(searched),
                                      runtimes=(list(TARGETS) if built else []) if union else None,
                                      per_runtime=bests)))
 
 
-def _requested(moe: MoeOptions, doc: dict) -> dict:
+def _requested(options: RunOptions, doc: dict) -> dict:
     """The plan, its training inputs also saying where the request kept the experts unfolded
-    (--no-moe-folding), so that a re-plan searches what it searched (MoeOptions.recorded)."""
-    if moe.folding is False:
+    (--no-moe-folding), so that a re-plan searches what it searched (RunOptions.recorded)."""
+    if options.folding is False:
         doc["inputs"]["training"]["moe_folding"] = False
     return doc
 
@@ -346,7 +346,7 @@ def replan(doc: dict, refresh_presets: bool = False) -> dict:
                      runtime=SUPPORTED if "runtimes" in inputs else tr["runtime"],
                      constraints=dict(inputs["constraints"]), solver=inputs["solver"]["name"],
                      time_limit_s=inputs["solver"]["time_limit_s"], top=len(doc.get("alternatives", [])),
-                     memory_headroom=tr.get("memory_headroom", 0.0), moe=MoeOptions.recorded(tr))
+                     memory_headroom=tr.get("memory_headroom", 0.0), options=RunOptions.recorded(tr))
 
 
 def _strategies(doc: dict) -> dict:
@@ -488,7 +488,7 @@ def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: di
         rules = RUNTIME_RULES[name]
         if rules.pool_stages == "none" or precision not in rules.precisions:
             continue
-        for variant in moe_variants(model, name, request.get("moe", MoeOptions())):
+        for variant in moe_variants(model, name, request.get("moe", RunOptions())):
             try:
                 setup = _setup(model, first, first.gpus_per_node, request["global_batch"], request["seq_len"],
                                precision, request["attention"], name, request.get("memory_headroom", DEFAULT_HEADROOM),
@@ -682,7 +682,7 @@ def _shares(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, c
         return _setup(model, cluster.pools[i].cluster, n, share, request["seq_len"],
                       pool_precision(cluster.pools[i], request["precision"]), request["attention"],
                       record_name(request["runtime"]),
-                      request.get("memory_headroom", DEFAULT_HEADROOM), request.get("moe", MoeOptions()))
+                      request.get("memory_headroom", DEFAULT_HEADROOM), request.get("moe", RunOptions()))
 
     precisions = tuple(pool_precision(p, request["precision"]) for p in cluster.pools)
     return best_shares(model, cluster, gpus, request["global_batch"], precisions, setup_of, request["constraints"],
@@ -782,7 +782,7 @@ def _sweep_chunk(request: dict, counts: list[int]) -> list[dict]:
             try:
                 setups[n] = _setup(r["model"], r["cluster"], n, r["global_batch"], r["seq_len"], r["precision"],
                                    r["attention"], name, r.get("memory_headroom", DEFAULT_HEADROOM),
-                                   r.get("moe", MoeOptions()))
+                                   r.get("moe", RunOptions()))
             except PlannerError:
                 pass  # make_plan says why
         try:

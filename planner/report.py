@@ -16,6 +16,13 @@ def _fmt_s(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
 
 
+def _fp8_recipe(training: dict) -> str:
+    """The fp8 recipe a plan was priced with: the one asked for, else its runtime's default."""
+    from planner.runtimes import RUNTIME_RULES, fp8_recipe
+    runtime = training["runtime"]
+    return training.get("fp8_recipe") or (fp8_recipe(runtime) if runtime in RUNTIME_RULES else "delayed")
+
+
 def estimate_table(plan: dict) -> None:
     st, pr = plan["strategy"], plan["prediction"]
     tr, cluster = plan["inputs"]["training"], plan["inputs"]["cluster"]
@@ -23,7 +30,7 @@ def estimate_table(plan: dict) -> None:
           f"{p['used_gpus']} x {p['gpu']}" for p in plan.get("pools", []) if p["used_gpus"]) + ")"
           if "pools" in cluster else f"{tr['gpus']} x {cluster['gpu']['name']} ({cluster['name']})")
     title = (f"{plan['inputs']['model']['name']} on {on}, global batch {tr['global_batch']}, seq {tr['seq_len']}, "
-             f"{tr['precision']}"
+             f"{tr['precision']}" + (f" ({_fp8_recipe(tr)} scaling)" if tr["precision"] == "fp8" else "")
              + (", expert all-to-alls overlapped" if tr.get("ep_overlap") else "")
              + (", experts folded (expert tp 1)" if tr.get("moe_folding") else ""))
     err.print(f"[bold]{esc(title)}[/bold]")

@@ -22,6 +22,7 @@ from planner.spec.hardware import Cluster, Efficiency, load_cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import (
     MOE_DISPATCHERS,
+    FP8_RECIPES,
     STRATEGY_KNOBS,
     Strategy,
     TrainingSetup,
@@ -35,7 +36,7 @@ CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
             "analytic_reference", "confidence", "runtime", "runtime_version", "moe_dispatcher", "ep_overlap", "moe_folding",
-            "erratum")
+            "fp8_recipe", "erratum")
 RUN_RUNTIMES = tuple(name for name in RUNTIME_RULES if name != "ideal")
 """the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron,
 Megatron-LM before its 2023 overlaps as megatron@2022; Megatron-DeepSpeed as deepspeed; MosaicML
@@ -88,7 +89,8 @@ def load_runs(path: Path | None = None) -> list[Run]:
                               precision=f.choice("precision", ("bf16", "fp16", "fp8"), "bf16"),
                               attention=f.choice("attention", ("flash", "eager"), "flash"), runtime=runtime,
                               moe_dispatcher=f.choice("moe_dispatcher", MOE_DISPATCHERS, ""),
-                              ep_overlap=f.bool("ep_overlap", False), moe_folding=f.bool("moe_folding", False))
+                              ep_overlap=f.bool("ep_overlap", False), moe_folding=f.bool("moe_folding", False),
+                              fp8_recipe=f.choice("fp8_recipe", FP8_RECIPES, ""))
         strategy = dict(f.raw("strategy", {}))
         for knob in strategy:
             if knob not in STRATEGY_KNOBS:

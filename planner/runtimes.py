@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner.spec.training import FP8_RECIPES
+
 
 @dataclass(frozen=True, slots=True)
 class ShippedModel:
@@ -82,6 +84,8 @@ class RuntimeRules:
     """the mixed-precision recipes it trains with"""
     ep_precisions: tuple[str, ...] = ("bf16", "fp16", "fp8")
     """those of them it runs expert parallelism in"""
+    fp8_recipes: tuple[str, ...] = FP8_RECIPES
+    """how it scales fp8 tensors (spec/training.FP8_RECIPES), its default first (fp8_recipe)"""
     models: tuple[ShippedModel, ...] = ()
     """the models it builds, where it builds them by name (torchtitan); () where launch flags
     describe any decoder (Megatron-LM, DeepSpeed, nanotron)"""
@@ -277,6 +281,8 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                "torchtitan 0.3.0 (0.2.x: torchtitan@0.2): FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
                                orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8"),
+                               # torchao Float8LinearConfig's default recipe: dynamic per-tensor scaling
+                               fp8_recipes=("tensorwise",),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0,
                                # module_fqns_per_model_part: each stage's own layers (torchtitan 0.3.0
                                # config/configs.py ParallelismConfig; 0.2.x job_config.Parallelism)
@@ -433,6 +439,23 @@ def model_refusal(runtime: str, model) -> str | None:
         return None
     return (f"runtime {runtime} builds only the models it ships ({shipped_names(runtime)}); {model.name} is none of them "
             f"({model.layers} layers, hidden {model.hidden}, ffn {model.ffn_hidden}, vocab {model.vocab})")
+
+
+def fp8_recipe(runtime: str, requested: str = "") -> str:
+    """The fp8 recipe priced: the one asked for, else the runtime's default (its first)."""
+    return requested or RUNTIME_RULES[runtime].fp8_recipes[0]
+
+
+def fp8_recipe_refusal(runtime: str, precision: str, recipe: str) -> str | None:
+    """Why `runtime` cannot train with fp8 recipe `recipe` (None when it can, or when none is asked)."""
+    if not recipe:
+        return None
+    if precision != "fp8":
+        return f"an fp8 recipe ({recipe}) needs precision fp8, got {precision}"
+    rules = RUNTIME_RULES[runtime]
+    if recipe not in rules.fp8_recipes:
+        return f"runtime {runtime} has no fp8 recipe {recipe} (it runs {', '.join(rules.fp8_recipes)})"
+    return None
 
 
 def precision_refusal(runtime: str, precision: str) -> str | None:

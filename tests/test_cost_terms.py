@@ -12,7 +12,7 @@ from planner.placement import Span
 from planner.runs import load_runs
 from planner.spec.hardware import load_cluster
 from planner.spec.model import GraphLayer, ModelSpec, load_model
-from planner.spec.training import MoeOptions, Strategy, TrainingSetup, resolve_strategy
+from planner.spec.training import RunOptions, Strategy, TrainingSetup, resolve_strategy
 
 GIB = 2**30
 
@@ -520,7 +520,7 @@ def test_expert_overlap_is_refused_where_it_cannot_run():
 
     def priced(runtime="megatron", name="mixtral-8x7b", **knobs):
         return estimate_plan(load_model(name), cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16",
-                             attention="flash", runtime=runtime, constraints=knobs, moe=MoeOptions(ep_overlap=True))
+                             attention="flash", runtime=runtime, constraints=knobs, options=RunOptions(ep_overlap=True))
     for knobs, why in (({"ep": 1}, "needs expert parallelism"), ({"ep": 8, "pp": 2}, "needs interleaving"),
                        ({"ep": 8, "recompute": "full"}, "runs no full recomputation")):
         with pytest.raises(SpecError, match=why):

@@ -219,8 +219,8 @@ def test_torchtitan_runs_a_pipeline_over_pools_with_each_stages_modules():
     parts = text.split("module_fqns_per_model_part = [")[1].split("    ]")[0].strip().splitlines()
     assert [part.count("'layers.") for part in parts] == [st["layers"][1] - st["layers"][0] for st in doc["stages"]]
     start = 0
-    for run in itertools.groupby(st["pool"] for st in doc["stages"]):
-        name, stages = run[0], len(list(run[1]))
+    for name, group in itertools.groupby(st["pool"] for st in doc["stages"]):
+        stages = len(list(group))
         nodes = stages * doc["inputs"]["training"]["gpus"] // doc["strategy"]["pp"] // 8
         assert f"pool {name}: NODE_RANK {start}..{start + nodes - 1}" in text
         assert f"pool {name}: NODE_RANK {start}..{start + nodes - 1}" in export(doc, "torchtitan@0.2")

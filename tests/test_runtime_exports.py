@@ -15,7 +15,7 @@ from planner.export import export
 from planner.planning import SUPPORTED, estimate_plan, make_plan
 from planner.runtimes import RUNTIME_RULES, TARGETS
 from planner.search import space
-from planner.spec.training import STRATEGY_KNOBS, MoeOptions, TrainingSetup, resolve_strategy
+from planner.spec.training import STRATEGY_KNOBS, RunOptions, TrainingSetup, resolve_strategy
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
 from runtime_checks import CHECKS
@@ -458,7 +458,7 @@ def test_an_overlapped_expert_plan_exports_to_megatron_alone():
     def planned(**kw):
         return estimate_plan(model, cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16",
                              attention="flash", runtime="megatron", constraints={"ep": 8, "pp": 2, "vpp": 2}, **kw)
-    plan = planned(moe=MoeOptions(ep_overlap=True))
+    plan = planned(options=RunOptions(ep_overlap=True))
     assert "--overlap-moe-expert-parallel-comm" in export(plan, "megatron").split()
     CHECKS["megatron"](plan)
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in export(plan, "megatron", "launch")
@@ -491,7 +491,7 @@ def test_a_plan_priced_with_a_dispatcher_a_runtime_lacks_does_not_run_there():
     def planned(dispatcher=""):
         return estimate_plan(model, cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16",
                              attention="flash", runtime="megatron", constraints=knobs,
-                             moe=MoeOptions(dispatcher=dispatcher))
+                             options=RunOptions(dispatcher=dispatcher))
     dedup, plain = planned(), planned("alltoall")
     assert [r["runtime"] for r in dedup["runnable_on"]] == ["megatron"]
     with pytest.raises(ExportError, match="dedup MoE dispatcher"):

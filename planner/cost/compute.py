@@ -48,6 +48,38 @@ def outside_fp8(precision: str, eff) -> str:
     return precision if isinstance(eff, LegacyEfficiency) or precision != "fp8" else HIGH_PRECISION
 
 
+QUANT_BYTES = {
+    # recipe (spec/training.FP8_RECIPES): {needs a transposed copy: (bytes per element of an input no norm writes, of one a norm writes)}
+    "delayed": {True: (4.0, 1.0), False: (3.0, 0.0)},
+    "tensorwise": {True: (6.0, 4.0), False: (5.0, 3.0)},
+    "blockwise": {True: (4.0625, 4.0625), False: (4.0625, 4.0625)},
+    "mxfp8": {True: (4.0625, 4.0625), False: (4.0625, 4.0625)},
+}
+"""HBM bytes per element of quantising one GEMM operand to fp8, read from Transformer Engine
+366798ef (the version Megatron-Bridge c810129 pins; its GroupedLinear and Linear quantise every
+operand by a kernel of its own). Delayed scaling: one cast kernel reads the 16-bit tensor (2) and
+writes the fp8 copy (1) and, where the GEMM needs the other layout, a transposed copy (1), the
+amax of the same pass kept for the next step; a norm kernel writes its output in fp8 itself (1
+byte instead of 2), so only the transposed copy is added (1 - 1 + 1 = 1; 0 without it).
+Per-tensor current scaling needs the amax before it casts: an amax pass reads the tensor (2),
+then the cast pass as above (2 + 1 + 1: 6); a norm kernel computes the amax of the output it
+writes, leaving the cast pass (4). Block scaling (Hopper's 1x128 and 128x128, Blackwell's MXFP8 1x32) computes each
+block's scale in the cast kernel, writes both layouts (the blocks run along different axes) and
+an e8m0 or fp32 scale per 32 or 128 elements: 2 + 1 + 1 + 1/16. Hopper and Ada tensor cores take
+fp8 operands only K-major (the GEMM is TN: cuBLASLt's FP8 requirements), so the wgrad GEMM needs
+transposed copies; Blackwell's take either layout."""
+
+
+TRANSPOSING_FP8 = ("hopper", "ada")
+"""families whose fp8 tensor-core GEMMs take K-major operands only (cuBLASLt: FP8 matmuls are TN)"""
+
+
+def fp8_quant_bytes(recipe: str, gpu: Gpu) -> tuple[float, float]:
+    """(bytes per element of a quantised input no norm writes, of one a norm writes) for an fp8
+    recipe on this GPU (QUANT_BYTES)."""
+    return QUANT_BYTES[recipe][gpu.family in TRANSPOSING_FP8]
+
+
 def measured(gpu: Gpu):
     """The GPU's kernel measurements, or its family flagship's (spec/measured.typical)."""
     return gpu.measured if gpu.measured is not None else typical(gpu.family)
@@ -69,6 +101,26 @@ def intensity_half(gpu: Gpu, precision: str, eff) -> float:
             / (gpu.hbm_Bps * measured(gpu).hbm_fraction) * operand_bytes / 2)
 
 
+FP8_FAST_ACCUM_SPEEDUP = 1.15
+"""how much faster a Hopper fp8 GEMM runs with fast accumulation (no periodic promotion of the
+tensor cores' partial sums to fp32) than without: 1.1x to 1.2x in a torchao user's benchmark
+(pytorch/ao issue #2377, 2025-06-14), the middle taken. The published recipes accumulate fast in
+the forward GEMMs only (Transformer Engine module/base.py: _2X_ACC_FPROP = False, dgrad and
+wgrad True; torchao Float8LinearConfig: use_fast_accum in the forward's GEMM config only), and the
+GPUs' measured fp8 fractions are torch._scaled_mm's default, without it (mamf-finder; Azure's
+cuBLASLt sweep agrees, tests/test_cost_terms.py). Blackwell's tensor cores accumulate fp8 in
+fp32 throughout: no such mode. Bound: the forward's fraction times it stays at most 1."""
+FAST_ACCUM_FAMILIES = ("hopper",)
+
+
+def fp8_forward_speedup(gpu: Gpu, precision: str, eff) -> float:
+    """Forward GEMM rate over the measured one (FP8_FAST_ACCUM_SPEEDUP where it applies, capped so
+    that the forward's fraction of peak stays <= 1); 1 elsewhere and under a version 1 block."""
+    if precision != "fp8" or gpu.family not in FAST_ACCUM_FAMILIES or isinstance(eff, LegacyEfficiency):
+        return 1.0
+    return min(FP8_FAST_ACCUM_SPEEDUP, 1.0 / gemm_fraction(gpu, precision, eff))
+
+
 def framework(eff) -> float:
     return 1.0 if isinstance(eff, LegacyEfficiency) else eff.framework_fraction
 
@@ -87,6 +139,19 @@ def gemm_time_s(flops, intensity, gpu: Gpu, precision: str, eff):
 def memory_time_s(n_bytes, gpu: Gpu, eff):
     h = eff.hbm_fraction if isinstance(eff, LegacyEfficiency) else measured(gpu).hbm_fraction
     return n_bytes / (gpu.hbm_Bps * h) / framework(eff)
+
+
+def quant_time_s(elements: tuple[float, float, float], quant: tuple[float, float] | None, gpu: Gpu,
+                 eff) -> tuple[float, float]:
+    """(forward, backward) seconds of an fp8 recipe's quantisation kernels, memory-bound:
+    forward (plain * e_plain + fed * e_fed) bytes, backward plain * e_grad bytes (the output
+    gradients, which no norm writes); graph.Work.quant_elements, `quant` from fp8_quant_bytes
+    (None: nothing is quantised)."""
+    if quant is None:
+        return 0.0, 0.0
+    e_plain, e_fed, e_grad = elements
+    plain, fed = quant
+    return memory_time_s(plain * e_plain + fed * e_fed, gpu, eff), memory_time_s(plain * e_grad, gpu, eff)
 
 
 def attention_time_s(flops: float, kernel: str, causal: bool, head_dim: float, seq_len: float, gpu: Gpu,

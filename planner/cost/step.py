@@ -138,7 +138,8 @@ def attention_core_s(layer: Layer, ctx: Ctx, w, cluster: Cluster, precision: str
 def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span: Span, cp_span: Span,
                ep_span: Span, kernel: str | None = None, tp_overlap: bool = False,
                ep_dedup: bool = False, ep_overlap: bool = False,
-               eager_norm: tuple[float, float] | None = None) -> LayerCost:
+               eager_norm: tuple[float, float] | None = None,
+               quant: tuple[float, float] | None = None) -> LayerCost:
     """Forward, backward and recompute time of one layer (formulas in the module docstring);
     `kernel`: the flash attention kernel the runtime runs (runtimes.attention_kernel);
     `tp_overlap`: whether it hides tensor-parallel collectives behind the GEMMs; `ep_dedup`:
@@ -156,10 +157,15 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
 
     `eager_norm` (runtimes.RuntimeRules.eager_norm_bytes: a runtime that runs RMSNorm as eager
     PyTorch ops): (forward, backward) bytes per normalised element in place of the fused
-    kernel's NORM_FUSED_BYTES each way, their difference priced as memory-bound time."""
+    kernel's NORM_FUSED_BYTES each way, their difference priced as memory-bound time.
+
+    `quant` (fp8 runs: compute.fp8_quant_bytes of the setup's recipe): the bytes per element its
+    quantisation kernels move, priced as memory-bound time (compute.quant_time_s) beside the
+    GEMMs they feed."""
     eff, gpu = cluster.efficiency, cluster.gpu
     w = layer_work(layer, ctx)
     gemm = sum(compute.gemm_time_s(f, i, gpu, precision, eff) for f, i in w.gemms)
+    gemm_fwd = gemm / compute.fp8_forward_speedup(gpu, precision, eff)
     attn, attn_bwd = attention_core_s(layer, ctx, w, cluster, precision, kernel)
     mem = compute.memory_time_s(w.elementwise_bytes, gpu, eff)
     core_mem = compute.memory_time_s(w.core_elementwise_bytes, gpu, eff)
@@ -167,16 +173,17 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     if eager_norm and layer.norm == "rmsnorm":
         norm_fwd, norm_bwd = (compute.memory_time_s((b - f) * w.norm_elements, gpu, eff)
                               for b, f in zip(eager_norm, (NORM_FUSED_BYTES, ELEMENTWISE_BWD_FACTOR * NORM_FUSED_BYTES)))
-    fwd = gemm + attn + mem + core_mem + norm_fwd
-    bwd = 2 * gemm + attn_bwd + ELEMENTWISE_BWD_FACTOR * (mem + core_mem) + norm_bwd
+    quant_fwd, quant_bwd = compute.quant_time_s(w.quant_elements, quant, gpu, eff)
+    fwd = gemm_fwd + attn + mem + core_mem + norm_fwd + quant_fwd
+    bwd = 2 * gemm + attn_bwd + ELEMENTWISE_BWD_FACTOR * (mem + core_mem) + norm_bwd + quant_bwd
     tp_one = w.tp_collectives * comm.collective_time_s("all_reduce", w.tp_message_bytes, tp_span, cluster)
     if isinstance(eff, LegacyEfficiency):
-        tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm)
+        tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm_fwd)
     elif tp_overlap and tp_span.nodes == 1:
         # Userbuffers (Transformer Engine's comm+GEMM overlap) needs CUDA multicast handles,
         # which exist only inside one node: a tp group across nodes overlaps nothing
         # (NVIDIA/TransformerEngine issue #1071)
-        tp_one = max(0.0, tp_one - gemm)
+        tp_one = max(0.0, tp_one - gemm_fwd)
     # Ring attention (context parallel): cp-1 K/V block exchanges, hidden behind the attention core.
     cp_step = (ctx.cp - 1) * comm.p2p_time_s(w.cp_message_bytes, cp_span.nodes > 1, cluster)
     cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - attn_bwd)
@@ -365,7 +372,16 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
                          tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
                          RUNTIME_RULES[setup.runtime].loss_bytes(tp),
-                         RUNTIME_RULES[setup.runtime].eager_norm_bytes)
+                         RUNTIME_RULES[setup.runtime].eager_norm_bytes, quantisation(cluster, setup))
+
+
+def quantisation(cluster: Cluster, setup: TrainingSetup) -> tuple[float, float] | None:
+    """Bytes per element of the setup's fp8 quantisation on this GPU (compute.fp8_quant_bytes);
+    None below fp8 or under a version 1 efficiency block (which priced none)."""
+    recipe = setup.quantisation
+    if recipe is None or isinstance(cluster.efficiency, LegacyEfficiency):
+        return None
+    return compute.fp8_quant_bytes(recipe, cluster.gpu)
 
 
 def kernel_of(cluster: Cluster, setup: TrainingSetup) -> str | None:
@@ -403,7 +419,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
                   tp_span: Span, cp_span: Span, ep_span: Span, kernel: str | None, overlap: bool,
                   ep_dedup: bool = False, ep_overlap: bool = False,
                   loss_bytes_per_logit: float = LOGIT_SAVED_BYTES,
-                  eager_norm: tuple[float, float] | None = None) -> LayerTables:
+                  eager_norm: tuple[float, float] | None = None,
+                  quant: tuple[float, float] | None = None) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order). The head
     holds, at the loss's peak, what it saves besides the logits and `loss_bytes_per_logit` per
@@ -418,7 +435,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
 
     def costs(mode):
         return [layer_cost(k, _kind_ctx(base, k, mode), cluster, precision, tp_span, cp_span,
-                           ep_span if k.experts else no_group, kernel, overlap, ep_dedup, ep_overlap, eager_norm)
+                           ep_span if k.experts else no_group, kernel, overlap, ep_dedup, ep_overlap, eager_norm,
+                           quant)
                 for k in kinds]
 
     # only strategies with recompute 'full' read the full-recompute rows, and their base mode is
@@ -806,8 +824,8 @@ def _executed_per_sequence(model: ModelSpec, seq_len: int, flash: bool) -> tuple
 def compute_floor_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup) -> float:
     """A step time no strategy of `setup` beats: the work of every sequence of the global batch
     spread evenly over the GPUs, each part at the fastest rate the cost model ever grants it
-        GEMMs      3 x forward FLOPs at compute.gemm_rate (knee term dropped; the setup's
-                   precision or bf16, whichever is faster),
+        GEMMs      forward FLOPs x (2 + 1 / compute.fp8_forward_speedup) at compute.gemm_rate
+                   (knee term dropped; the setup's precision or bf16, whichever is faster),
         attention  its forward+backward FLOPs (FLASH_BWD_FACTOR, or 2 eager) at the fastest of
                    the GPU's attention tables and the GEMM rate,
         memory     (1 + ELEMENTWISE_BWD_FACTOR) x the memory-bound bytes at compute.memory_time_s,
@@ -818,7 +836,9 @@ def compute_floor_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup) ->
     eff, gpu = cluster.efficiency, cluster.gpu
     ctx = Ctx(micro_batch=1, seq_len=setup.seq_len, flash=setup.attention == "flash")
     works = [layer_work(layer, ctx) for layer in _layers(model)]
-    gemm = max(compute.gemm_rate(gpu, p, eff)[0] for p in {setup.precision, compute.HIGH_PRECISION})
+    gemm_s_per_flop = min((2 + 1 / compute.fp8_forward_speedup(gpu, p, eff)) / compute.gemm_rate(gpu, p, eff)[0]
+                          for p in {setup.precision, compute.HIGH_PRECISION})
+    gemm = 3 / gemm_s_per_flop  # the fastest GEMM rate over the three passes
     tables = [v for t in (gpu.measured.attention if gpu.measured and not isinstance(eff, LegacyEfficiency) else ())
               for _, v in t.points]
     attn_rate = max([gemm] + [v * 1e12 * compute.framework(eff) for v in tables])

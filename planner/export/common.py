@@ -66,6 +66,8 @@ class PlanView:
     """expert all-to-alls overlapped with another micro-batch's computation (TrainingSetup.ep_overlap)"""
     moe_folding: bool = False
     """expert layers without tensor parallelism (TrainingSetup.moe_folding)"""
+    fp8_recipe: str = ""
+    """the fp8 recipe the plan was priced with (TrainingSetup.quantisation; '' below fp8)"""
     dp_shard: int = 0
     """hybrid sharding's shard group of data-parallel ranks (Strategy.dp_shard; 0: all of dp)"""
     pool_shares: tuple[str, ...] = ()
@@ -127,7 +129,7 @@ def read(plan: dict) -> PlanView:
              "sequence_parallel", "schedule")
     s = {key: _get(plan, f"strategy.{key}") for key in knobs}
     t = {key: _get(plan, f"inputs.training.{key}") for key in ("gpus", "global_batch", "seq_len", "precision")}
-    from planner.runtimes import dispatcher, record_name
+    from planner.runtimes import dispatcher, fp8_recipe, record_name
     from planner.spec.hardware import collective_library
     pools = {p.get("name"): p.get("cluster", {}) for p in _get(plan, "inputs.cluster").get("pools", [])
              if isinstance(p, dict)}
@@ -144,6 +146,8 @@ def read(plan: dict) -> PlanView:
                                           training.get("moe_dispatcher", "")),
                     ep_overlap=training.get("ep_overlap", False) is True,
                     moe_folding=training.get("moe_folding", False) is True,
+                    fp8_recipe=(fp8_recipe(record_name(training.get("runtime", "ideal")), training.get("fp8_recipe", ""))
+                                if t["precision"] == "fp8" else ""),
                     dp_shard=int(strategy.get("dp_shard", 0)),
                     pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")),
                     stage_pools=stage_pools, stage_libraries=libraries, stage_node_sizes=node_sizes, **t, **s)
@@ -233,6 +237,8 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
                f"{', '.join(RUNTIME_RULES[record].ep_dispatchers)})")
     if not why and v.moe_folding and v.ep > 1 and v.tp > 1 and folding_refusal(record, True):
         why = "MoE parallel folding (expert tensor parallelism 1 under tp > 1)"
+    if not why and v.fp8_recipe and v.fp8_recipe not in RUNTIME_RULES[record].fp8_recipes:
+        why = f"the {v.fp8_recipe} fp8 recipe the plan was priced with (it runs {', '.join(RUNTIME_RULES[record].fp8_recipes)})"
     if not why and v.ep_overlap and ep_overlap_refusal(record, True):
         why = "expert all-to-alls overlapped with computation (--ep-overlap)"
     if not why and v.ep_overlap and (problems := ep_overlap_problems(s, v.model)):

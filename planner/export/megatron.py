@@ -276,5 +276,6 @@ def _precision(v: PlanView) -> list[Arg]:
     if v.precision == "fp16":
         return [("--fp16", None)]
     if v.precision == "fp8":
-        return [("--bf16", None), ("--fp8-format", "hybrid")]
+        # --fp8-recipe: Megatron-LM 000c4ac arguments.py (tensorwise, delayed, mxfp8, blockwise)
+        return [("--bf16", None), ("--fp8-format", "hybrid"), ("--fp8-recipe", v.fp8_recipe)]
     return [("--bf16", None)]

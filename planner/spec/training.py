@@ -16,6 +16,11 @@ Schedule = Literal["1f1b", "interleaved-1f1b"]
 RECOMPUTES = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 MOE_DISPATCHERS = ("alltoall", "dedup")
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+"""how an fp8 run scales its tensors (Megatron-Core TransformerConfig.fp8_recipe, whose default is
+'delayed' at Megatron-LM d98e8a64; 'tensorwise' is per-tensor current scaling, also torchao's
+Float8Linear default; 'blockwise' Hopper's 1x128/128x128 blocks, 'mxfp8' Blackwell's 1x32):
+what each costs is cost/compute.QUANT_BYTES"""
 DEFAULT_HEADROOM = 0.05
 """share of each GPU's capacity `plan` keeps free by default (--memory-headroom): room for what
 the model does not count (allocator spikes, NCCL's lazily created communicators, a larger
@@ -25,25 +30,27 @@ training/performance/README.md). `estimate` and `validate` price at 0: what ran,
 
 
 @dataclass(frozen=True, slots=True)
-class MoeOptions:
-    """How a request runs its experts: the TrainingSetup fields moe_dispatcher, ep_overlap and
-    moe_folding as one value, what the CLI, planning and forecasts pass along (TrainingSetup
-    checks them). folding None leaves it to the search: both layouts where the runtime folds
-    (planning.moe_variants)."""
+class RunOptions:
+    """How a request runs beyond its precision and parallelism: the TrainingSetup fields
+    moe_dispatcher, ep_overlap, moe_folding and fp8_recipe as one value, what the CLI, planning
+    and forecasts pass along (TrainingSetup checks them). folding None leaves it to the search:
+    both layouts where the runtime folds (planning.moe_variants)."""
 
     dispatcher: str = ""
     ep_overlap: bool = False
     folding: bool | None = None
+    fp8_recipe: str = ""
 
     def setup_fields(self) -> dict:
-        return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding)}
+        return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding),
+                "fp8_recipe": self.fp8_recipe}
 
     @classmethod
-    def recorded(cls, training: dict) -> "MoeOptions":
+    def recorded(cls, training: dict) -> "RunOptions":
         """The options a plan's inputs.training records: the expert layout where it names one,
         else both searched again (absent: the defaults)."""
         return cls(dispatcher=training.get("moe_dispatcher", ""), ep_overlap=training.get("ep_overlap", False),
-                   folding=training.get("moe_folding"))
+                   folding=training.get("moe_folding"), fp8_recipe=training.get("fp8_recipe", ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,9 @@ class TrainingSetup:
     """MoE parallel folding: expert layers without tensor parallelism (Megatron-Core's
     --expert-tensor-parallel-size 1), the expert-parallel group carved from tp x cp x dp rather
     than cp x dp (placement.folded_layout; runtimes.RuntimeRules.moe_folding)"""
+    fp8_recipe: str = ""
+    """how fp8 tensors are scaled (FP8_RECIPES; runtimes.RuntimeRules.fp8_recipes); '' = the
+    runtime's own"""
 
     def __post_init__(self) -> None:
         for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
@@ -81,16 +91,19 @@ class TrainingSetup:
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
         from planner.runtimes import (RUNTIME_RULES, dispatcher_refusal, ep_overlap_refusal, folding_refusal,
-                                      precision_refusal, record_name)
+                                      fp8_recipe_refusal, precision_refusal, record_name)
         object.__setattr__(self, "runtime", record_name(self.runtime))
         if self.runtime not in RUNTIME_RULES:
             raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
+        if self.fp8_recipe not in ("", *FP8_RECIPES):
+            raise SpecError(f"fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         if self.moe_dispatcher not in ("", *MOE_DISPATCHERS):
             raise SpecError(f"moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
         for name in ("ep_overlap", "moe_folding"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name.replace('_', '-')} must be true or false, got {getattr(self, name)!r}")
         refused = (precision_refusal(self.runtime, self.precision)
+                   or fp8_recipe_refusal(self.runtime, self.precision, self.fp8_recipe)
                    or dispatcher_refusal(self.runtime, self.moe_dispatcher)
                    or ep_overlap_refusal(self.runtime, self.ep_overlap)
                    or folding_refusal(self.runtime, self.moe_folding))
@@ -103,10 +116,18 @@ class TrainingSetup:
         from planner.runtimes import dispatcher
         return dispatcher(self.runtime, self.moe_dispatcher)
 
+    @property
+    def quantisation(self) -> str | None:
+        """the fp8 recipe priced (the one asked for, else the runtime's: runtimes.fp8_recipe);
+        None below fp8"""
+        from planner.runtimes import fp8_recipe
+        return fp8_recipe(self.runtime, self.fp8_recipe) if self.precision == "fp8" else None
+
     def to_dict(self) -> dict:
         out = asdict(self)
-        if not self.moe_dispatcher:
-            del out["moe_dispatcher"]  # the runtime's own: plans made before the knob read alike
+        for name in ("moe_dispatcher", "fp8_recipe"):
+            if not out[name]:
+                del out[name]  # the runtime's own: plans made before the knob read alike
         for name in ("ep_overlap", "moe_folding"):
             if not out[name]:
                 del out[name]  # plans made before the knob read alike

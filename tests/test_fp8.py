@@ -1,0 +1,136 @@
+"""FP8 pricing: what each recipe quantises and at what bytes, the forward GEMMs' fast
+accumulation on Hopper, the recipe knob and the exports that carry it."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cost import compute
+from planner.cost.step import compute_floor_s, estimate, layer_cost, quantisation
+from planner.errors import SpecError
+from planner.export import ExportError, export
+from planner.graph import Ctx, build_layers, layer_work
+from planner.placement import Span
+from planner.planning import estimate_plan
+from planner.spec.hardware import load_cluster, load_gpu
+from planner.spec.model import ModelSpec, MoeSpec, load_model
+from planner.spec.training import Strategy, TrainingSetup
+
+SMALL = ModelSpec(name="small", layers=2, hidden=256, heads=4, kv_heads=2, ffn_hidden=512, vocab=1000, seq_len=128,
+                  ffn_act="swiglu", norm="rmsnorm")
+ONE = Span(size=1, per_node=1, nodes=1)
+
+
+def test_quantised_elements_of_a_dense_layer_by_hand():
+    """The inputs a norm writes (QKV, the first MLP linear), those it does not (output
+    projection, second MLP linear) and every linear's output gradient; under tp with sequence
+    parallelism the column-parallel inputs and row-parallel output gradients are the local shard
+    (quantised before the gather)."""
+    layer = build_layers(SMALL)[0]
+    h, d, a, kv, f = 256, 64, 4, 2, 512
+    for tp, sp in ((1, False), (2, True), (2, False)):
+        t = 2 * 128  # micro-batch 2, seq 128
+        w = layer_work(layer, Ctx(micro_batch=2, seq_len=128, tp=tp, sp=sp))
+        gathered = tp if sp else 1
+        fed = t * h / gathered + t * h / gathered
+        plain = t * a * d / tp + t * f / tp
+        grads = t * (a + 2 * kv) * d / tp + t * h / gathered + t * 2 * f / tp + t * h / gathered
+        assert w.quant_elements == pytest.approx((plain, fed, grads))
+
+
+def test_an_moe_layer_quantises_its_routed_tokens_and_no_norm_feeds_its_mlp():
+    model = ModelSpec(name="moe", layers=2, hidden=256, heads=4, kv_heads=4, ffn_hidden=512, vocab=1000, seq_len=128,
+                      ffn_act="swiglu", norm="rmsnorm",
+                      moe=MoeSpec(experts=8, top_k=2, expert_ffn_hidden=128, shared_experts=1, shared_ffn_hidden=128))
+    layer = build_layers(model)[0]
+    t, h = 128, 256
+    w = layer_work(layer, Ctx(micro_batch=1, seq_len=128, ep=4))
+    routed = t * 2
+    plain = t * h + t * 128 + t * h + routed * h + routed * 128  # proj, shared fc1 and fc2, experts' fc1 and fc2
+    assert w.quant_elements[0] == pytest.approx(plain)
+    assert w.quant_elements[1] == pytest.approx(t * h)  # the QKV alone
+    assert w.quant_elements[2] == pytest.approx(t * (3 * h + h + 2 * 128 + h) + routed * (2 * 128 + h))
+
+
+@pytest.mark.parametrize("gpu_name,recipe,expected", [
+    ("h100-sxm-80g", "delayed", (4.0, 1.0)), ("h100-sxm-80g", "tensorwise", (6.0, 4.0)),
+    ("b200", "delayed", (3.0, 0.0)), ("b200", "tensorwise", (5.0, 3.0)), ("b200", "mxfp8", (4.0625, 4.0625)),
+])
+def test_quantisation_bytes_follow_the_recipe_and_the_layout_the_gpu_needs(gpu_name, recipe, expected):
+    assert compute.fp8_quant_bytes(recipe, load_gpu(gpu_name)) == expected
+
+
+def test_a_layer_pays_its_quantisation_as_memory_bound_time():
+    cluster = load_cluster("dgx-h100")
+    layer = build_layers(SMALL)[0]
+    ctx = Ctx(micro_batch=1, seq_len=128)
+    w = layer_work(layer, ctx)
+    none = layer_cost(layer, ctx, cluster, "fp8", ONE, ONE, ONE)
+    quant = layer_cost(layer, ctx, cluster, "fp8", ONE, ONE, ONE, quant=(6.0, 4.0))
+    plain, fed, grads = w.quant_elements
+    t = compute.memory_time_s
+    assert quant.fwd - none.fwd == pytest.approx(t(6.0 * plain + 4.0 * fed, cluster.gpu, cluster.efficiency))
+    assert quant.bwd - none.bwd == pytest.approx(t(6.0 * grads, cluster.gpu, cluster.efficiency))
+    bf16 = TrainingSetup(gpus=8, global_batch=8, seq_len=128)
+    assert quantisation(cluster, bf16) is None
+    assert quantisation(cluster, TrainingSetup(gpus=8, global_batch=8, seq_len=128, precision="fp8",
+                                               runtime="megatron")) == (4.0, 1.0)  # Megatron's default: delayed
+
+
+def test_hopper_forward_gemms_accumulate_fast_and_no_fraction_passes_peak(monkeypatch):
+    from planner.spec.efficiency import Efficiency
+    eff = Efficiency(framework_fraction=0.8, dp_overlap_fraction=0.5)
+    h100, b200 = load_gpu("h100-sxm-80g"), load_gpu("b200")
+    assert compute.fp8_forward_speedup(h100, "fp8", eff) == compute.FP8_FAST_ACCUM_SPEEDUP
+    assert compute.fp8_forward_speedup(h100, "bf16", eff) == 1.0
+    assert compute.fp8_forward_speedup(b200, "fp8", eff) == 1.0
+    assert compute.gemm_fraction(h100, "fp8", eff) * compute.fp8_forward_speedup(h100, "fp8", eff) <= 1.0
+    monkeypatch.setattr(compute, "FP8_FAST_ACCUM_SPEEDUP", 2.0)  # the cap: the forward never runs past peak
+    assert compute.gemm_fraction(h100, "fp8", eff) * compute.fp8_forward_speedup(h100, "fp8", eff) == pytest.approx(1.0)
+    monkeypatch.setattr(compute, "FP8_FAST_ACCUM_SPEEDUP", 1.15)
+    # the layer's forward GEMMs run faster, its backward ones do not
+    cluster = load_cluster("dgx-h100")
+    layer, ctx = build_layers(SMALL)[0], Ctx(micro_batch=4, seq_len=128)
+    fast = layer_cost.__wrapped__(layer, ctx, cluster, "fp8", ONE, ONE, ONE)
+    monkeypatch.setattr(compute, "FP8_FAST_ACCUM_SPEEDUP", 1.0)
+    slow = layer_cost.__wrapped__(layer, ctx, cluster, "fp8", ONE, ONE, ONE)
+    gemm = sum(compute.gemm_time_s(f, i, cluster.gpu, "fp8", cluster.efficiency) for f, i in layer_work(layer, ctx).gemms)
+    assert slow.fwd - fast.fwd == pytest.approx(gemm * (1 - 1 / 1.15))
+    assert slow.bwd == fast.bwd
+
+
+def test_the_floor_stays_below_fp8_prices():
+    cluster, model = load_cluster("dgx-h100"), load_model("llama3-8b")
+    setup = TrainingSetup(gpus=8, global_batch=16, seq_len=2048, precision="fp8", runtime="megatron")
+    floor = compute_floor_s(model, cluster, setup)
+    for s in (Strategy(dp=8), Strategy(dp=4, tp=2, sequence_parallel=True), Strategy(dp=2, tp=4, sequence_parallel=True)):
+        assert floor <= estimate(model, cluster, setup, s).step_time_s
+
+
+def test_the_recipe_knob_is_checked_against_the_runtime():
+    base = dict(gpus=8, global_batch=8, seq_len=128)
+    with pytest.raises(SpecError, match="fp8-recipe must be one of"):
+        TrainingSetup(**base, precision="fp8", fp8_recipe="e4m3")
+    with pytest.raises(SpecError, match="needs precision fp8"):
+        TrainingSetup(**base, precision="bf16", fp8_recipe="delayed")
+    with pytest.raises(SpecError, match="torchtitan has no fp8 recipe delayed"):
+        TrainingSetup(**base, precision="fp8", fp8_recipe="delayed", runtime="torchtitan")
+    assert TrainingSetup(**base, precision="fp8", runtime="torchtitan").quantisation == "tensorwise"
+    assert TrainingSetup(**base, precision="fp8", fp8_recipe="mxfp8", runtime="megatron").quantisation == "mxfp8"
+    assert "fp8_recipe" not in TrainingSetup(**base, precision="fp8").to_dict()  # plans before the knob read alike
+
+
+def test_exports_carry_the_recipe_and_refuse_one_the_runtime_lacks():
+    from planner.spec.training import RunOptions
+    cluster, model = load_cluster("dgx-h100"), load_model("llama3-8b")
+
+    def planned(runtime, recipe="", **knobs):
+        return estimate_plan(model, cluster, gpus=8, global_batch=16, seq_len=2048, precision="fp8", attention="flash",
+                             runtime=runtime, constraints={"dp": 8, **knobs}, options=RunOptions(fp8_recipe=recipe))
+    args = export(planned("megatron", "tensorwise"), "megatron").split()
+    assert args[args.index("--fp8-recipe") + 1] == "tensorwise"
+    args = export(planned("megatron"), "megatron").split()
+    assert args[args.index("--fp8-recipe") + 1] == "delayed"
+    with pytest.raises(ExportError, match="delayed fp8 recipe"):
+        export(planned("ideal", zero=3), "torchtitan")
+    export(planned("ideal", "tensorwise", zero=3), "torchtitan")
