@@ -134,3 +134,28 @@ def test_exports_carry_the_recipe_and_refuse_one_the_runtime_lacks():
     with pytest.raises(ExportError, match="delayed fp8 recipe"):
         export(planned("ideal", zero=3), "torchtitan")
     export(planned("ideal", "tensorwise", zero=3), "torchtitan")
+
+
+def test_a_block_scaled_recipe_runs_only_on_the_gpus_that_have_it():
+    cluster, model = load_cluster("dgx-h100"), load_model("llama3-8b")
+    setup = TrainingSetup(gpus=8, global_batch=8, seq_len=2048, precision="fp8", fp8_recipe="mxfp8", runtime="megatron")
+    with pytest.raises(SpecError, match="mxfp8 runs on blackwell GPUs only; h100-sxm-80g is hopper"):
+        estimate(model, cluster, setup, Strategy(dp=8))
+    b200 = load_cluster("dgx-b200")
+    assert estimate(model, b200, setup, Strategy(dp=8)).step_time_s > 0
+
+
+def test_a_plan_with_a_recipe_reads_back_and_rechecks_fresh(tmp_path):
+    """The recipe a request named is recorded (inputs.training.fp8_recipe, in the schema), and a
+    re-plan from the file searches with it: check finds the plan fresh."""
+    from click.testing import CliRunner
+
+    from planner.cli import cli
+    path = tmp_path / "plan.json"
+    args = ["plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "16", "--global-batch", "128", "--precision", "fp8",
+            "--fp8-recipe", "tensorwise", "-o", str(path)]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    import json
+    assert json.loads(path.read_text())["inputs"]["training"]["fp8_recipe"] == "tensorwise"
+    result = CliRunner().invoke(cli, ["check", str(path)])
+    assert result.exit_code == 0, result.output

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from planner.errors import SpecError
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Gpu
 from planner.spec.measured import typical
@@ -74,9 +75,19 @@ TRANSPOSING_FP8 = ("hopper", "ada")
 """families whose fp8 tensor-core GEMMs take K-major operands only (cuBLASLt: FP8 matmuls are TN)"""
 
 
+RECIPE_FAMILIES = {"mxfp8": ("blackwell",), "blockwise": ("hopper", "blackwell")}
+"""the GPU families a block-scaled recipe runs on: MXFP8 is a Blackwell tensor-core format
+(Megatron-Core TransformerConfig.fp8_recipe: "'mxfp8' for Blackwell architecture only"), Hopper's
+1x128/128x128 block scaling Transformer Engine runs from Hopper on; delayed and per-tensor
+scaling run wherever fp8 does"""
+
+
 def fp8_quant_bytes(recipe: str, gpu: Gpu) -> tuple[float, float]:
     """(bytes per element of a quantised input no norm writes, of one a norm writes) for an fp8
-    recipe on this GPU (QUANT_BYTES)."""
+    recipe on this GPU (QUANT_BYTES); a recipe the GPU's family does not run is refused."""
+    families = RECIPE_FAMILIES.get(recipe)
+    if families and gpu.family not in families:
+        raise SpecError(f"fp8 recipe {recipe} runs on {' and '.join(families)} GPUs only; {gpu.name} is {gpu.family}")
     return QUANT_BYTES[recipe][gpu.family in TRANSPOSING_FP8]
 
 
