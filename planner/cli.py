@@ -10,7 +10,7 @@ import click
 from planner import __version__
 from planner.errors import PlannerError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
-from planner.runtimes import OLDER_VERSIONS, TARGETS
+from planner.runtimes import OLDER_VERSIONS, RUNTIME_RULES, TARGETS
 from planner.spec.training import DEFAULT_HEADROOM, FP8_RECIPES
 
 
@@ -93,8 +93,10 @@ def _run_options(f):
                           "MoE parallel folding, --expert-tensor-parallel-size 1), or with the dense tp  "
                           "[default: both, where the runtime folds]"),
         click.option("--fp8-recipe", type=click.Choice(list(FP8_RECIPES)), default=None,
-                     help="how fp8 tensors are scaled (Megatron's --fp8-recipe; torchtitan runs tensorwise): its "
-                          "quantisation kernels are priced  [default: the runtime's: megatron delayed]"),
+                     help="how fp8 tensors are scaled (Megatron's --fp8-recipe): its quantisation kernels are "
+                          "priced  [default: the runtime's: "
+                          + ", ".join(f"{n} {RUNTIME_RULES[n].fp8_recipes[0]}" for n in TARGETS
+                                      if "fp8" in RUNTIME_RULES[n].precisions) + "]"),
     ]
     for opt in reversed(opts):
         command = opt(command)

@@ -112,6 +112,11 @@ class Linear:
     n: int
     split: str
     """'col' (output sharded by tp), 'row' (input sharded by tp) or 'none'"""
+    norm_fed: bool = False
+    """its input is a norm's output, which the norm kernel can write quantised (Megatron-Core's
+    Transformer Engine specs fuse the norm into the linear: TELayerNormColumnParallelLinear for
+    the QKV, a dense layer's first MLP linear and MLA's up-projections behind their latent norms;
+    MLA's down-projections and an MoE layer's MLPs read a standalone norm's output)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +156,9 @@ class Layer:
         return self._hash
 
 
-def _mlp(hidden: int, width: int, act: str) -> tuple[Linear, ...]:
+def _mlp(hidden: int, width: int, act: str, norm_fed: bool = False) -> tuple[Linear, ...]:
     up = 2 * width if act == "swiglu" else width
-    return (Linear(hidden, up, "col"), Linear(width, hidden, "row"))
+    return (Linear(hidden, up, "col", norm_fed), Linear(width, hidden, "row"))
 
 
 def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
@@ -166,15 +171,15 @@ def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
     if spec.mla is not None:
         m = spec.mla
         d_qk, d_v, kv = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, a
-        q = ((Linear(h, m.q_lora_rank, "none"), Linear(m.q_lora_rank, a * d_qk, "col")) if m.q_lora_rank
+        q = ((Linear(h, m.q_lora_rank, "none"), Linear(m.q_lora_rank, a * d_qk, "col", True)) if m.q_lora_rank
              else (Linear(h, a * d_qk, "col"),))
         attn = q + (Linear(h, m.kv_lora_rank + m.qk_rope_head_dim, "none"),
-                    Linear(m.kv_lora_rank, a * (m.qk_nope_head_dim + d_v), "col"),
+                    Linear(m.kv_lora_rank, a * (m.qk_nope_head_dim + d_v), "col", True),
                     Linear(a * d_v, h, "row"))
     else:
         d_qk = d_v = spec.head_dim
         kv = spec.kv_heads
-        attn = (Linear(h, (a + 2 * kv) * d_qk, "col"), Linear(a * d_qk, h, "row"))
+        attn = (Linear(h, (a + 2 * kv) * d_qk, "col", True), Linear(a * d_qk, h, "row"))
     layers, kinds = [], {}
     for i in range(spec.layers):
         common = dict(hidden=h, q_heads=a, kv_heads=kv, d_qk=d_qk, d_v=d_v, attn_linears=attn,
@@ -188,7 +193,8 @@ def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
                           expert_groups=moe.groups, group_topk=moe.group_topk,
                           expert_linears=_mlp(h, moe.expert_ffn_hidden, spec.ffn_act))
         else:
-            layer = Layer(**common, mlp_linears=_mlp(h, spec.ffn_hidden, spec.ffn_act), ffn_width=spec.ffn_hidden)
+            layer = Layer(**common, mlp_linears=_mlp(h, spec.ffn_hidden, spec.ffn_act, norm_fed=True),
+                          ffn_width=spec.ffn_hidden)
         # identical layers share one object, so per-layer prices are computed once per kind
         layers.append(kinds.setdefault(layer, layer))
     return tuple(layers)
@@ -246,17 +252,12 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     has_dropout = ctx.dropout > 0
 
     gemms = []
-    quant = [0.0, 0.0, 0.0]
-    # inputs a norm writes: every attention linear but the output projection (the QKV, or MLA's
-    # down-projections and the up-projections behind its latent norms) and a dense layer's first
-    # MLP linear; an MoE layer's MLP input is the pre-MLP norm's output shared with the router
-    n_attn = len(layer.attn_linears)
-    for i, l in enumerate(layer.attn_linears + layer.mlp_linears):
+    quant = [0.0, 0.0, 0.0]  # Work.quant_elements
+    for l in layer.attn_linears + layer.mlp_linears:
         n = l.n / tp if l.split == "col" else l.n
         k = l.k / tp if l.split == "row" else l.k
         gemms.append((2 * tokens * n * k, intensity(tokens, n, k)))
-        fed = i < n_attn - 1 or (i == n_attn and not layer.experts)
-        quant[1 if fed else 0] += tokens * k / (tp if ctx.sp and l.split == "col" else 1)
+        quant[1 if l.norm_fed else 0] += tokens * k / (tp if ctx.sp and l.split == "col" else 1)
         quant[2] += tokens * n / (tp if ctx.sp and l.split == "row" else 1)
     expert_tokens = 0.0
     etp = 1 if ctx.folded else tp

@@ -9,7 +9,8 @@ from planner.cost.memory import capacity_bytes
 from planner.cost.step import estimate, expert_fold
 from planner.errors import InfeasibleError, SpecError
 from planner.plan import alternative_entry, build_plan, slower_by, strategy_block
-from planner.runtimes import RUNTIME_RULES, TARGETS, builds, ep_overlap_runs_mtp, model_refusal, record_name
+from planner.runtimes import (RUNTIME_RULES, TARGETS, builds, ep_overlap_runs_mtp, fp8_recipe, model_refusal,
+                              record_name)
 from planner.search import space
 from planner.search.driver import infeasible_message, most_conventional, search, strategy_key
 from planner.search.floors import TIE
@@ -18,7 +19,8 @@ from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Cluster
 from planner.spec.model import ModelSpec
 from planner.spec.pools import MixedCluster, check_gpus, common_precision, pool_precision
-from planner.spec.training import DEFAULT_HEADROOM, RunOptions, TrainingSetup, check_gpu_count, resolve_strategy
+from planner.spec.training import (DEFAULT_HEADROOM, RunOptions, TrainingSetup, check_gpu_count, recipe_gpu_refusal,
+                                   resolve_strategy)
 from planner.units import bytes_to_gib
 
 SUPPORTED = "supported"
@@ -69,6 +71,8 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
         raise SpecError(f"--moe-folding lays out expert layers; {model.name} has no experts")
     if options.ep_overlap and not ep_overlap_runs_mtp(model.mtp_layers, pp=max(2, model.layers)):
         raise SpecError(f"--ep-overlap runs at most one MTP layer; {model.name} has {model.mtp_layers}")
+    if precision == "fp8" and (refused := recipe_gpu_refusal(fp8_recipe(runtime, options.fp8_recipe), cluster.gpu)):
+        raise SpecError(refused)
     return TrainingSetup(gpus=gpus, global_batch=global_batch, seq_len=seq_len or model.seq_len, precision=precision,
                          attention=attention, runtime=runtime, memory_headroom=memory_headroom,
                          **options.setup_fields())
@@ -416,7 +420,9 @@ def plan_on_pools(model: ModelSpec, cluster: MixedCluster, gpus: int, **request)
         if precision != request["precision"]:
             entry["precision"] = precision
         try:
-            doc = make_plan(model, pool.cluster, min(gpus, pool.gpus), **{**request, "precision": precision})
+            doc = make_plan(model, pool.cluster, min(gpus, pool.gpus),
+                            **{**request, "precision": precision,
+                               "options": request.get("options", RunOptions()).at(precision)})
             plans.append((doc["prediction"]["step_time_s"], len(plans), pool, doc))
             entry["step_time_s"] = doc["prediction"]["step_time_s"]
         except PlannerError as e:
@@ -488,7 +494,11 @@ def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: di
         rules = RUNTIME_RULES[name]
         if rules.pool_stages == "none" or precision not in rules.precisions:
             continue
-        for variant in moe_variants(model, name, request.get("moe", RunOptions())):
+        options = request.get("options", RunOptions()).at(precision)
+        if precision == "fp8" and any(recipe_gpu_refusal(fp8_recipe(name, options.fp8_recipe), p.cluster.gpu)
+                                      for p in cluster.pools):
+            continue  # a pool's GPU does not run the recipe: no pipeline over all of them
+        for variant in moe_variants(model, name, options):
             try:
                 setup = _setup(model, first, first.gpus_per_node, request["global_batch"], request["seq_len"],
                                precision, request["attention"], name, request.get("memory_headroom", DEFAULT_HEADROOM),
@@ -682,7 +692,8 @@ def _shares(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, c
         return _setup(model, cluster.pools[i].cluster, n, share, request["seq_len"],
                       pool_precision(cluster.pools[i], request["precision"]), request["attention"],
                       record_name(request["runtime"]),
-                      request.get("memory_headroom", DEFAULT_HEADROOM), request.get("moe", RunOptions()))
+                      request.get("memory_headroom", DEFAULT_HEADROOM),
+                      request.get("options", RunOptions()).at(pool_precision(cluster.pools[i], request["precision"])))
 
     precisions = tuple(pool_precision(p, request["precision"]) for p in cluster.pools)
     return best_shares(model, cluster, gpus, request["global_batch"], precisions, setup_of, request["constraints"],
@@ -782,7 +793,7 @@ def _sweep_chunk(request: dict, counts: list[int]) -> list[dict]:
             try:
                 setups[n] = _setup(r["model"], r["cluster"], n, r["global_batch"], r["seq_len"], r["precision"],
                                    r["attention"], name, r.get("memory_headroom", DEFAULT_HEADROOM),
-                                   r.get("moe", RunOptions()))
+                                   r.get("options", RunOptions()))
             except PlannerError:
                 pass  # make_plan says why
         try:

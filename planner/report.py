@@ -18,9 +18,8 @@ def _fmt_s(x: float) -> str:
 
 def _fp8_recipe(training: dict) -> str:
     """The fp8 recipe a plan was priced with: the one asked for, else its runtime's default."""
-    from planner.runtimes import RUNTIME_RULES, fp8_recipe
-    runtime = training["runtime"]
-    return training.get("fp8_recipe") or (fp8_recipe(runtime) if runtime in RUNTIME_RULES else "delayed")
+    from planner.runtimes import fp8_recipe, record_name
+    return fp8_recipe(record_name(training["runtime"]), training.get("fp8_recipe", ""))
 
 
 def estimate_table(plan: dict) -> None:

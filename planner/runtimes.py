@@ -314,16 +314,21 @@ RUNTIME_RULES["torchtitan@compile"] = replace(
 RUNTIME_RULES["megatron@2022"] = RuntimeRules(
     (0, 1), (0, 1), True, True, "ends", "uniform", True, True,
     "Megatron-LM of 2021-22 (the SC21 and Korthikanti et al. runs): no TP comm overlap, gradients all-reduced "
-    "after backward (dp_overlap false), no fused attention")
+    "after backward (dp_overlap false), no fused attention, no fp8 (Transformer Engine came in 2023)",
+    precisions=("bf16", "fp16"))
 RUNTIME_RULES["nanotron"] = RuntimeRules(
     (0, 1), (0, 1), False, False, "none", "all", False, False,
     "nanotron 0.4 (export/nanotron.py): zero_stage 0 or 1, 1F1B without interleaving, no context parallelism, "
     "no expert parallelism within dp (expert_parallel_size multiplies the GPU count), layers split evenly, no "
     "activation recomputation, no FP8; ranks ep, pp, dp, tp outermost first",
     orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16"), recompute_modes=("none",))
-for _name, _note in (("composer", "MosaicML llm-foundry (FSDP, flash_attn)"),
-                     ("other", "a runtime not described here (flash_attn assumed)")):
-    RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True, _note)
+for _name, _note, _recipes in (
+        # Composer's amp_fp8 runs Transformer Engine's fp8_autocast with its default DelayedScaling
+        ("composer", "MosaicML llm-foundry (FSDP, flash_attn; fp8 through Transformer Engine, delayed scaling)",
+         ("delayed",)),
+        ("other", "a runtime not described here (flash_attn assumed)", FP8_RECIPES)):
+    RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True, _note,
+                                        fp8_recipes=_recipes)
 
 
 TARGETS = ("megatron", "deepspeed", "torchtitan", "nanotron")

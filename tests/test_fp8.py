@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from planner.cost import compute
-from planner.cost.step import compute_floor_s, estimate, layer_cost, quantisation
+from planner.cost.step import compute_floor_s, estimate, layer_cost, quant_bytes
 from planner.errors import SpecError
 from planner.export import ExportError, export
 from planner.graph import Ctx, build_layers, layer_work
@@ -72,8 +72,8 @@ def test_a_layer_pays_its_quantisation_as_memory_bound_time():
     assert quant.fwd - none.fwd == pytest.approx(t(6.0 * plain + 4.0 * fed, cluster.gpu, cluster.efficiency))
     assert quant.bwd - none.bwd == pytest.approx(t(6.0 * grads, cluster.gpu, cluster.efficiency))
     bf16 = TrainingSetup(gpus=8, global_batch=8, seq_len=128)
-    assert quantisation(cluster, bf16) is None
-    assert quantisation(cluster, TrainingSetup(gpus=8, global_batch=8, seq_len=128, precision="fp8",
+    assert quant_bytes(cluster, bf16) is None
+    assert quant_bytes(cluster, TrainingSetup(gpus=8, global_batch=8, seq_len=128, precision="fp8",
                                                runtime="megatron")) == (4.0, 1.0)  # Megatron's default: delayed
 
 
@@ -159,3 +159,46 @@ def test_a_plan_with_a_recipe_reads_back_and_rechecks_fresh(tmp_path):
     assert json.loads(path.read_text())["inputs"]["training"]["fp8_recipe"] == "tensorwise"
     result = CliRunner().invoke(cli, ["check", str(path)])
     assert result.exit_code == 0, result.output
+
+
+def test_every_recipe_has_its_bytes_and_mla_quantises_its_latent_up_projections_norm_fed():
+    from planner.spec.training import FP8_RECIPES, RECIPE_FAMILIES
+    assert tuple(compute.QUANT_BYTES) == FP8_RECIPES and set(RECIPE_FAMILIES) <= set(FP8_RECIPES)
+    model = load_model("deepseek-v3")
+    layer = next(k for k in build_layers(model) if k.experts)
+    m, t = model.mla, 4096
+    w = layer_work(layer, Ctx(micro_batch=1, seq_len=4096, ep=8))
+    # fed: q_up (from the q latent norm) and kv_up (from the kv latent norm); the down-projections
+    # read the standalone input norm (Megatron-Core's MLA spec), the output projection the core
+    assert w.quant_elements[1] == pytest.approx(t * (m.q_lora_rank + m.kv_lora_rank))
+
+
+def test_a_gpu_count_sweep_searches_with_the_requests_options():
+    """Each count of a sweep is the plan that count gets alone, with the request's MoE options and
+    recipe (the sweep's shared bounds read them too: they once read the defaults, and a sweep
+    found a slower plan than the count alone)."""
+    import json
+
+    from planner.planning import _sweep_entry, sweep
+    from planner.spec.training import RunOptions
+    request = {"model": load_model("mixtral-8x7b"), "cluster": load_cluster("dgx-h100"), "global_batch": 128,
+               "seq_len": 4096, "precision": "fp8", "attention": "flash", "runtime": "megatron", "constraints": {},
+               "top": 1, "options": RunOptions(dispatcher="dedup", ep_overlap=True, fp8_recipe="tensorwise")}
+    together = sweep(request, [16, 32], workers=1)
+    assert json.dumps(together) == json.dumps([_sweep_entry(request, n) for n in (16, 32)])
+    assert together[1]["plan"]["inputs"]["training"]["fp8_recipe"] == "tensorwise"
+
+
+def test_pools_price_the_recipe_and_a_pool_that_lacks_it_holds_no_stage():
+    from planner.planning import make_plan
+    from planner.spec.training import RunOptions
+    model, mix = load_model("llama3-8b"), load_cluster("b200-plus-h100")
+
+    def planned(recipe):
+        return make_plan(model, mix, 64, global_batch=64, seq_len=4096, precision="fp8", attention="flash",
+                         runtime="megatron", constraints={}, options=RunOptions(fp8_recipe=recipe))
+    delayed, tensorwise, mx = planned("delayed"), planned("tensorwise"), planned("mxfp8")
+    assert tensorwise["prediction"]["step_time_s"] > delayed["prediction"]["step_time_s"]
+    assert tensorwise["inputs"]["training"]["fp8_recipe"] == "tensorwise"
+    assert "pools" in mx and not any(st.get("pool") == "h100" for st in mx["stages"])
+    assert "mxfp8 runs on blackwell GPUs only" in next(p for p in mx["pools"] if p["name"] == "h100")["why_not"]

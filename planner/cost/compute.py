@@ -27,6 +27,7 @@ from planner.errors import SpecError
 from planner.spec.efficiency import LegacyEfficiency
 from planner.spec.hardware import Gpu
 from planner.spec.measured import typical
+from planner.spec.training import recipe_gpu_refusal
 
 FLASH_BWD_FACTOR = 2.5
 """FlashAttention backward FLOPs over its forward's: 5 matmuls of the forward's 2 (Dao 2023, §3.1)"""
@@ -61,7 +62,8 @@ QUANT_BYTES = {
 operand by a kernel of its own). Delayed scaling: one cast kernel reads the 16-bit tensor (2) and
 writes the fp8 copy (1) and, where the GEMM needs the other layout, a transposed copy (1), the
 amax of the same pass kept for the next step; a norm kernel writes its output in fp8 itself (1
-byte instead of 2), so only the transposed copy is added (1 - 1 + 1 = 1; 0 without it).
+byte instead of 2), so only the transposed copy is added (1 - 1 + 1 = 1; without it the norm
+saves a byte, priced 0: the norm's own bytes stay as graph.py counts them).
 Per-tensor current scaling needs the amax before it casts: an amax pass reads the tensor (2),
 then the cast pass as above (2 + 1 + 1: 6); a norm kernel computes the amax of the output it
 writes, leaving the cast pass (4). Block scaling (Hopper's 1x128 and 128x128, Blackwell's MXFP8 1x32) computes each
@@ -75,19 +77,13 @@ TRANSPOSING_FP8 = ("hopper", "ada")
 """families whose fp8 tensor-core GEMMs take K-major operands only (cuBLASLt: FP8 matmuls are TN)"""
 
 
-RECIPE_FAMILIES = {"mxfp8": ("blackwell",), "blockwise": ("hopper", "blackwell")}
-"""the GPU families a block-scaled recipe runs on: MXFP8 is a Blackwell tensor-core format
-(Megatron-Core TransformerConfig.fp8_recipe: "'mxfp8' for Blackwell architecture only"), Hopper's
-1x128/128x128 block scaling Transformer Engine runs from Hopper on; delayed and per-tensor
-scaling run wherever fp8 does"""
-
-
 def fp8_quant_bytes(recipe: str, gpu: Gpu) -> tuple[float, float]:
     """(bytes per element of a quantised input no norm writes, of one a norm writes) for an fp8
-    recipe on this GPU (QUANT_BYTES); a recipe the GPU's family does not run is refused."""
-    families = RECIPE_FAMILIES.get(recipe)
-    if families and gpu.family not in families:
-        raise SpecError(f"fp8 recipe {recipe} runs on {' and '.join(families)} GPUs only; {gpu.name} is {gpu.family}")
+    recipe on this GPU (QUANT_BYTES); a recipe the GPU's family does not run is refused
+    (spec/training.RECIPE_FAMILIES)."""
+    refused = recipe_gpu_refusal(recipe, gpu)
+    if refused:
+        raise SpecError(refused)
     return QUANT_BYTES[recipe][gpu.family in TRANSPOSING_FP8]
 
 
@@ -122,6 +118,8 @@ GPUs' measured fp8 fractions are torch._scaled_mm's default, without it (mamf-fi
 cuBLASLt sweep agrees, tests/test_cost_terms.py). Blackwell's tensor cores accumulate fp8 in
 fp32 throughout: no such mode. Bound: the forward's fraction times it stays at most 1."""
 FAST_ACCUM_FAMILIES = ("hopper",)
+"""families whose fp8 GEMMs have a fast-accumulation mode (Hopper's tensor cores accumulate fp8
+products in reduced precision unless promoted)"""
 
 
 def fp8_forward_speedup(gpu: Gpu, precision: str, eff) -> float:

@@ -372,10 +372,10 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
                          tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
                          RUNTIME_RULES[setup.runtime].loss_bytes(tp),
-                         RUNTIME_RULES[setup.runtime].eager_norm_bytes, quantisation(cluster, setup))
+                         RUNTIME_RULES[setup.runtime].eager_norm_bytes, quant_bytes(cluster, setup))
 
 
-def quantisation(cluster: Cluster, setup: TrainingSetup) -> tuple[float, float] | None:
+def quant_bytes(cluster: Cluster, setup: TrainingSetup) -> tuple[float, float] | None:
     """Bytes per element of the setup's fp8 quantisation on this GPU (compute.fp8_quant_bytes);
     None below fp8 or under a version 1 efficiency block (which priced none)."""
     recipe = setup.quantisation

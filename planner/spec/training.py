@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 from planner.errors import SpecError
@@ -21,6 +21,19 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 'delayed' at Megatron-LM d98e8a64; 'tensorwise' is per-tensor current scaling, also torchao's
 Float8Linear default; 'blockwise' Hopper's 1x128/128x128 blocks, 'mxfp8' Blackwell's 1x32):
 what each costs is cost/compute.QUANT_BYTES"""
+RECIPE_FAMILIES = {"mxfp8": ("blackwell",), "blockwise": ("hopper", "blackwell")}
+"""the GPU families a block-scaled recipe runs on: MXFP8 is a Blackwell tensor-core format
+(Megatron-Core TransformerConfig.fp8_recipe: "'mxfp8' for Blackwell architecture only"), the
+1x128/128x128 block scaling Transformer Engine runs from Hopper on; delayed and per-tensor
+scaling run wherever fp8 does"""
+
+
+def recipe_gpu_refusal(recipe: str | None, gpu) -> str | None:
+    """Why `gpu` cannot run fp8 recipe `recipe` (None when it can, or for no recipe)."""
+    families = RECIPE_FAMILIES.get(recipe or "")
+    if families and gpu.family not in families:
+        return f"fp8 recipe {recipe} runs on {' and '.join(families)} GPUs only; {gpu.name} is {gpu.family}"
+    return None
 DEFAULT_HEADROOM = 0.05
 """share of each GPU's capacity `plan` keeps free by default (--memory-headroom): room for what
 the model does not count (allocator spikes, NCCL's lazily created communicators, a larger
@@ -40,6 +53,11 @@ class RunOptions:
     ep_overlap: bool = False
     folding: bool | None = None
     fp8_recipe: str = ""
+
+    def at(self, precision: str) -> "RunOptions":
+        """The options a setup in `precision` takes: no fp8 recipe below fp8 (a pool of a mixed
+        cluster whose GPU lacks fp8 trains in a fallback precision, spec/pools.pool_precision)."""
+        return self if precision == "fp8" or not self.fp8_recipe else replace(self, fp8_recipe="")
 
     def setup_fields(self) -> dict:
         return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding),
