@@ -919,7 +919,8 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
     """The search prunes by the cost model's bounds; each must stay below the price of every split
     and recompute count its candidate can take (with the measured kernels, the runtime's TP overlap,
     overlapped expert all-to-alls and the slowest groups priced): random candidates of random small dense and MoE setups on H100,
-    their first and refined bounds against `estimate` on random splits and counts."""
+    their first and refined bounds against `estimate` on random splits and counts, in bf16 and in
+    fp8 under the runtime's recipes."""
     from planner.search import bounds as bounds_mod
     from planner.search.floors import SAFETY
 
@@ -930,6 +931,9 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
                       vocab=int(rng.choice([32000, 128000])), ffn_act="swiglu", seq_len=4096, moe=moe)
     setup = TrainingSetup(gpus=int(rng.choice([8, 16])), global_batch=32, seq_len=int(rng.choice([2048, 4096])),
                           runtime=str(rng.choice(["any", "torchtitan"])))
+    if rng.random() < 0.5:  # fp8: its quantisation kernels and the fast-accumulating forward GEMMs priced
+        recipes = space.RUNTIME_RULES[setup.runtime].fp8_recipes
+        setup = replace(setup, precision="fp8", fp8_recipe=str(rng.choice([r for r in recipes if r != "mxfp8"])))
     if moe is not None and setup.runtime == "ideal" and rng.random() < 0.5:
         setup = replace(setup, ep_overlap=True)  # the expert all-to-alls overlapped (--ep-overlap)
     if moe is not None and setup.runtime == "ideal" and rng.random() < 0.5:
