@@ -9,6 +9,9 @@ the cluster's fitted framework_fraction. Nothing in I_half is fitted: it is wher
 time equals the compute time. (Checked against cuBLASLt's published square-GEMM sweep in
 tests/test_cost_terms.py.)
 Memory-bound ops: t = bytes / (B * h) / k.
+FP8 (the GEMMs of the transformer blocks; the attention core, LM head and embedding stay in bf16):
+each quantised operand is memory-bound time at QUANT_BYTES of its recipe, and Hopper's forward
+GEMMs run at FP8_FAST_ACCUM_SPEEDUP times the measured (precise-accumulation) fp8 rate.
 Attention core (flash kernels): t_fwd+bwd = 3.5 * F_fwd / T / k, T the kernel's measured
 forward+backward TFLOP/s at the layer's head dimension and the sequence length one kernel call
 sees (s / cp under context parallelism), in the FlashAttention papers' convention (backward 2.5x
@@ -51,7 +54,8 @@ def outside_fp8(precision: str, eff) -> str:
 
 
 QUANT_BYTES = {
-    # recipe (spec/training.FP8_RECIPES): {needs a transposed copy: (bytes per element of an input no norm writes, of one a norm writes)}
+    # recipe (spec/training.FP8_RECIPES): {the GEMM needs a transposed copy:
+    #     (bytes per element of an input no norm writes, of one a norm writes)}
     "delayed": {True: (4.0, 1.0), False: (3.0, 0.0)},
     "tensorwise": {True: (6.0, 4.0), False: (5.0, 3.0)},
     "blockwise": {True: (4.0625, 4.0625), False: (4.0625, 4.0625)},
@@ -66,9 +70,9 @@ byte instead of 2), so only the transposed copy is added (1 - 1 + 1 = 1; without
 saves a byte, priced 0: the norm's own bytes stay as graph.py counts them).
 Per-tensor current scaling needs the amax before it casts: an amax pass reads the tensor (2),
 then the cast pass as above (2 + 1 + 1: 6); a norm kernel computes the amax of the output it
-writes, leaving the cast pass (4). Block scaling (Hopper's 1x128 and 128x128, Blackwell's MXFP8 1x32) computes each
-block's scale in the cast kernel, writes both layouts (the blocks run along different axes) and
-an e8m0 or fp32 scale per 32 or 128 elements: 2 + 1 + 1 + 1/16. Hopper and Ada tensor cores take
+writes, leaving the cast pass (4). Block scaling (Hopper's 1x128 and 128x128, Blackwell's MXFP8
+1x32) computes each block's scale in the cast kernel, writes both layouts (the blocks run along
+different axes) and an e8m0 or fp32 scale per 32 or 128 elements: 2 + 1 + 1 + 1/16. Hopper and Ada tensor cores take
 fp8 operands only K-major (the GEMM is TN: cuBLASLt's FP8 requirements), so the wgrad GEMM needs
 transposed copies; Blackwell's take either layout."""
 
