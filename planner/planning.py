@@ -481,7 +481,7 @@ def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: di
     precision for every pool (spec/pools.common_precision)."""
     from dataclasses import replace
 
-    from planner.search.pool_stages import PoolStagesResult, best_pool_stages
+    from planner.search.pool_stages import PoolStagesResult, best_pool_stages, prune_limit, ranked
 
     results, searched, cutoff, top = [], False, cutoff_s, request.get("top", 3)
     precision = common_precision(cluster.pools, request["precision"])
@@ -509,30 +509,15 @@ def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: di
                                       cutoff_s=cutoff, progress=request.get("progress"), top=top)
             searched |= result.considered > 0
             results.append(result)
-            steps = sorted(c.step_time_s for c in found())
-            if steps:
-                kept = steps[top] if top and len(steps) > top else (float("inf") if top else 0.0)
-                cutoff = min(cutoff_s, max(steps[0] * (1 + TIE_TOLERANCE), kept))
+            cutoff = prune_limit([c.step_time_s for c in found()], top, cutoff_s)
     pool = found()
     if not pool:
         return None, searched
-    fastest = min(c.step_time_s for c in pool)
-
-    def conventions(c) -> int:
-        return strategy_conventions(c.strategy, min(cluster.pools[j].cluster.gpus_per_node for j in c.order))
-
-    ranked = sorted(range(len(pool)), key=lambda k: pool[k].step_time_s)
-    best = pool[min((k for k in ranked if pool[k].step_time_s <= fastest * (1 + TIE_TOLERANCE)),
-                    key=lambda k: (conventions(pool[k]), pool[k].step_time_s, k))]
-    others = []
-    for k in ranked:
-        c = pool[k]
-        if c is not best and len(others) < top and not any(
-                (o.step_time_s, o.bounds, o.order) == (c.step_time_s, c.bounds, c.order) for o in [best, *others]):
-            others.append(c)
+    best, others = ranked(pool, top, tuple(p.cluster for p in cluster.pools),
+                          min(c.step_time_s for c in pool) * (1 + TIE_TOLERANCE))
     merged = PoolStagesResult(best=best, considered=sum(r.considered for r in results),
                               priced=sum(r.priced for r in results),
-                              proven_optimal=all(r.proven_optimal for r in results), alternatives=tuple(others))
+                              proven_optimal=all(r.proven_optimal for r in results), alternatives=others)
     return (best.setup, merged), searched
 
 
@@ -562,11 +547,9 @@ def _pipeline_alternatives(model: ModelSpec, cluster: MixedCluster, request: dic
     was found for where the request's space is several runtimes', and why it lost."""
     from planner.cost.pools import estimate_on_pools
 
+    from planner.search.pool_stages import pool_conventions
+
     clusters = tuple(p.cluster for p in cluster.pools)
-
-    def conventions(c) -> int:
-        return strategy_conventions(c.strategy, min(clusters[j].gpus_per_node for j in c.order))
-
     out = []
     for alt in result.alternatives:
         est = estimate_on_pools(model, clusters, cluster.between_pools, alt.setup, alt.strategy, alt.stage_pool,
@@ -574,7 +557,8 @@ def _pipeline_alternatives(model: ModelSpec, cluster: MixedCluster, request: dic
         entry = alternative_entry(alt.strategy, alt.setup, alt.step_time_s, est.peak_memory_bytes, est.fits, step,
                                   est.capacity_bytes,
                                   alt.setup.runtime if request["runtime"] == SUPPORTED else None,
-                                  conventional_reason(conventions(result.best), conventions(alt)))
+                                  conventional_reason(pool_conventions(result.best, clusters),
+                                                      pool_conventions(alt, clusters)))
         where = ", ".join(f"{cluster.pools[j].name} {n} stage{'s' if n > 1 else ''}" for j, n in
                           zip(alt.order, alt.counts))
         entry["why_not"] = f"a pipeline over pools ({where}): {entry['why_not']}"

@@ -150,10 +150,14 @@ def dispatch_time_s(token_bytes, top_k: int, experts: int, span: Span, cluster: 
     return (nvlink + fixed) * (token_bytes > 0)
 
 
+def _send_s(message_bytes, bw: float, latency_s: float):
+    """One point-to-point send of `message_bytes` at bandwidth `bw` after `latency_s` (none when empty)."""
+    return (message_bytes / bw + latency_s) * (message_bytes > 0)
+
+
 def p2p_time_s(message_bytes, inter_node: bool, cluster: Cluster):
     """One point-to-point send between neighbouring pipeline stages."""
-    bw, lat = _tier_bandwidth(cluster, not inter_node, 2)
-    return (message_bytes / bw + lat) * (message_bytes > 0)
+    return _send_s(message_bytes, *_tier_bandwidth(cluster, not inter_node, 2))
 
 
 def affine_s(kind: str, span: Span, cluster: Cluster) -> tuple[float, float]:
@@ -174,13 +178,17 @@ def pools_exchange_s(grad_bytes: float, pool_gpus: tuple[int, ...], link: LinkTi
     exposed: it starts after the slowest pool's own reduction (no overlap is claimed)."""
     if len(pool_gpus) <= 1:
         return 0.0
-    bw = link.busbw_Bps or link.Bps * TYPICAL_BUSBW_FRACTION
-    return _ring("all_reduce", grad_bytes, len(pool_gpus), min(pool_gpus) * bw, link.latency_s)
+    return _ring("all_reduce", grad_bytes, len(pool_gpus), min(pool_gpus) * _pools_Bps(link), link.latency_s)
 
 
 def pools_p2p_s(message_bytes, link: LinkTier):
     """One point-to-point send between neighbouring pipeline stages on different pools of a
     mixed cluster: over the link between the pools, at its measured bus bandwidth, else
     TYPICAL_BUSBW_FRACTION of its rate (as pools_exchange_s)."""
-    bw = link.busbw_Bps or link.Bps * TYPICAL_BUSBW_FRACTION
-    return (message_bytes / bw + link.latency_s) * (message_bytes > 0)
+    return _send_s(message_bytes, _pools_Bps(link), link.latency_s)
+
+
+def _pools_Bps(link: LinkTier) -> float:
+    """A link between pools' bandwidth per GPU: its measured bus bandwidth, else
+    TYPICAL_BUSBW_FRACTION of its rate."""
+    return link.busbw_Bps or link.Bps * TYPICAL_BUSBW_FRACTION

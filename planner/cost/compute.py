@@ -11,7 +11,8 @@ tests/test_cost_terms.py.)
 Memory-bound ops: t = bytes / (B * h) / k.
 FP8 (the GEMMs of the transformer blocks; the attention core, LM head and embedding stay in bf16):
 each quantised operand is memory-bound time at QUANT_BYTES of its recipe, and Hopper's forward
-GEMMs run at FP8_FAST_ACCUM_SPEEDUP times the measured (precise-accumulation) fp8 rate.
+GEMMs compute at FP8_FAST_ACCUM_SPEEDUP times the measured (precise-accumulation) fp8 rate, their
+operands moving as fast as before (gemm_time_s: P * g * s in the first term, I_half * s).
 Attention core (flash kernels): t_fwd+bwd = 3.5 * F_fwd / T / k, T the kernel's measured
 forward+backward TFLOP/s at the layer's head dimension and the sequence length one kernel call
 sees (s / cp under context parallelism), in the FlashAttention papers' convention (backward 2.5x
@@ -127,7 +128,7 @@ products in reduced precision unless promoted)"""
 
 
 def fp8_forward_speedup(gpu: Gpu, precision: str, eff) -> float:
-    """Forward GEMM rate over the measured one (FP8_FAST_ACCUM_SPEEDUP where it applies, capped so
+    """Forward GEMM compute rate over the measured one (FP8_FAST_ACCUM_SPEEDUP where it applies, capped so
     that the forward's fraction of peak stays <= 1); 1 elsewhere and under a version 1 block."""
     if precision != "fp8" or gpu.family not in FAST_ACCUM_FAMILIES or isinstance(eff, LegacyEfficiency):
         return 1.0
@@ -144,9 +145,12 @@ def gemm_rate(gpu: Gpu, precision: str, eff) -> tuple[float, float]:
     return gpu.flops(precision) * gemm_fraction(gpu, precision, eff) * framework(eff), intensity_half(gpu, precision, eff)
 
 
-def gemm_time_s(flops, intensity, gpu: Gpu, precision: str, eff):
+def gemm_time_s(flops, intensity, gpu: Gpu, precision: str, eff, forward: bool = False):
+    """The roofline above; a `forward` GEMM computes fp8_forward_speedup times faster, its
+    operands moving as fast as before: F / (s R) * (1 + s I_half / I), R the rate."""
     rate, knee = gemm_rate(gpu, precision, eff)
-    return flops / rate * (1.0 + knee / intensity)
+    fast = fp8_forward_speedup(gpu, precision, eff) if forward else 1.0
+    return flops / (rate * fast) * (1.0 + fast * knee / intensity)
 
 
 def memory_time_s(n_bytes, gpu: Gpu, eff):

@@ -165,7 +165,7 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     eff, gpu = cluster.efficiency, cluster.gpu
     w = layer_work(layer, ctx)
     gemm = sum(compute.gemm_time_s(f, i, gpu, precision, eff) for f, i in w.gemms)
-    gemm_fwd = gemm / compute.fp8_forward_speedup(gpu, precision, eff)
+    gemm_fwd = sum(compute.gemm_time_s(f, i, gpu, precision, eff, forward=True) for f, i in w.gemms)
     attn, attn_bwd = attention_core_s(layer, ctx, w, cluster, precision, kernel)
     mem = compute.memory_time_s(w.elementwise_bytes, gpu, eff)
     core_mem = compute.memory_time_s(w.core_elementwise_bytes, gpu, eff)
@@ -794,10 +794,9 @@ def estimate_of_terms(model: ModelSpec, setup: TrainingSetup, s: Strategy, bound
 def stage_model_flops(model: ModelSpec, seq_len: int, stages) -> list[float]:
     """Model FLOPs of one training sequence on each stage (model_flops_per_sequence's count of
     the layers of its chunks, the head's on the last stage), `stages` StageEstimates in order."""
-    ctx = Ctx(micro_batch=1, seq_len=seq_len)
-    layers = _layers(model)
-    out = [3 * sum(layer_work(layers[i], ctx).model_flops for a, b in st.chunks for i in range(a, b)) for st in stages]
-    out[-1] += 3 * head_work(model, ctx).model_flops
+    layers, head = _model_flops_per_layer(model, seq_len)
+    out = [3 * sum(layers[i] for a, b in st.chunks for i in range(a, b)) for st in stages]
+    out[-1] += 3 * head
     return out
 
 
@@ -805,9 +804,16 @@ def stage_model_flops(model: ModelSpec, seq_len: int, stages) -> list[float]:
 def model_flops_per_sequence(model: ModelSpec, seq_len: int) -> float:
     """Model FLOPs of one training sequence: 3x the forward (backward = 2x forward) of every layer
     with attention scores counted in full, plus the LM head (Korthikanti 2022 App. A; DESIGN.md)."""
+    layers, head = _model_flops_per_layer(model, seq_len)
+    return 3 * (sum(layers) + head)
+
+
+@lru_cache(maxsize=64)
+def _model_flops_per_layer(model: ModelSpec, seq_len: int) -> tuple[tuple[float, ...], float]:
+    """(forward model FLOPs of one sequence on each layer of the chain, on the LM head): what
+    model_flops_per_sequence and stage_model_flops add up."""
     ctx = Ctx(micro_batch=1, seq_len=seq_len)
-    fwd = sum(layer_work(l, ctx).model_flops for l in _layers(model)) + head_work(model, ctx).model_flops
-    return 3 * fwd
+    return tuple(layer_work(l, ctx).model_flops for l in _layers(model)), head_work(model, ctx).model_flops
 
 
 @lru_cache(maxsize=64)

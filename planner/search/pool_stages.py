@@ -212,11 +212,8 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
     fastest, priced, proven = cutoff_s / (1 + space.TIE_TOLERANCE), 0, True
 
     def pruned_at() -> float:
-        """What a candidate must beat: the tie limit, or the top-th runner-up where slower (both
-        below the cutoff); a candidate at the limit still ties."""
-        runners = sorted(c.step_time_s for c in found)
-        kept = runners[top] if top and len(runners) > top else (float("inf") if top else 0.0)
-        return min(cutoff_s, max(fastest * (1 + space.TIE_TOLERANCE), kept)) * (1 + TIE)
+        """prune_limit of what is found so far; a candidate at the limit still ties."""
+        return prune_limit([c.step_time_s for c in found], top, cutoff_s) * (1 + TIE)
 
     for k, (low, _, s, counts) in enumerate(bounded):
         limit = pruned_at()
@@ -245,18 +242,34 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
             found.append(PoolStages(strategy=s, order=order, counts=n_stages, bounds=split.bounds,
                                     step_time_s=split.step_s, setup=setup))
             fastest = min(fastest, split.step_s)
-    limit = fastest * (1 + space.TIE_TOLERANCE)
+    best, others = ranked(found, top, clusters, fastest * (1 + space.TIE_TOLERANCE))
+    return PoolStagesResult(best=best, considered=len(bounded), priced=priced, proven_optimal=proven,
+                            alternatives=others)
 
-    def conventions(c: PoolStages) -> int:
-        return space.strategy_conventions(c.strategy, min(clusters[j].gpus_per_node for j in c.order))
 
-    best = min((c for c in found if c.step_time_s <= limit), key=lambda c: (conventions(c), c.step_time_s),
-               default=None)
+def prune_limit(steps: list[float], top: int, cutoff_s: float) -> float:
+    """What a pipeline over pools must beat, given the steps found so far: the tie limit of the
+    fastest, or the top-th runner-up where slower, both below the cutoff (one rule for one search
+    and for the searches of several runtimes merged)."""
+    steps = sorted(steps)
+    kept = steps[top] if top and len(steps) > top else (float("inf") if top else 0.0)
+    return min(cutoff_s, max(steps[0] * (1 + space.TIE_TOLERANCE), kept) if steps else cutoff_s)
+
+
+def pool_conventions(c: PoolStages, clusters) -> int:
+    """space.strategy_conventions of a pipeline over pools, with the smallest node of its pools."""
+    return space.strategy_conventions(c.strategy, min(clusters[j].gpus_per_node for j in c.order))
+
+
+def ranked(found: list[PoolStages], top: int, clusters, limit: float) -> tuple[PoolStages | None, tuple]:
+    """(the most conventional of `found` at most `limit`, ties to the faster, then the earlier;
+    the `top` fastest others, a twin priced alike (the same split and step: ZeRO 0 and 1 with dp
+    1, say) counted once)."""
+    best = min((c for c in found if c.step_time_s <= limit),
+               key=lambda c: (pool_conventions(c, clusters), c.step_time_s), default=None)
     others: list[PoolStages] = []
     for c in sorted((c for c in found if c is not best), key=lambda c: c.step_time_s):
-        # a twin priced alike (the same split and step: ZeRO 0 and 1 with dp 1, say) is one runner-up
         if len(others) < top and not any((o.step_time_s, o.bounds, o.order) == (c.step_time_s, c.bounds, c.order)
                                          for o in [*others, *([best] if best else [])]):
             others.append(c)
-    return PoolStagesResult(best=best, considered=len(bounded), priced=priced, proven_optimal=proven,
-                            alternatives=tuple(others))
+    return best, tuple(others)
