@@ -11,7 +11,7 @@ from planner import __version__
 from planner.errors import PlannerError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
 from planner.runtimes import OLDER_VERSIONS, RUNTIME_RULES, TARGETS
-from planner.spec.training import DEFAULT_HEADROOM, FP8_RECIPES
+from planner.spec.training import DEFAULT_HEADROOM, FP8_RECIPES, GRAD_REDUCES
 
 
 _DEGREE = click.IntRange(1, MAX_GPUS)
@@ -70,15 +70,17 @@ def _setup_options(f):
 
 
 def _run_options(f):
-    """The MoE and fp8-recipe flags, handed to the command as one `options` (RunOptions)."""
+    """The MoE, fp8-recipe and gradient-reduction flags, handed to the command as one `options`
+    (RunOptions)."""
     import functools
 
     from planner.spec.training import RunOptions
 
     @functools.wraps(f)
-    def command(*args, moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, **kwargs):
+    def command(*args, moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather, **kwargs):
         return f(*args, options=RunOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding,
-                                           fp8_recipe=fp8_recipe or ""),
+                                           fp8_recipe=fp8_recipe or "", grad_reduce=grad_reduce or "",
+                                           fp8_param_gather=fp8_param_gather),
                  **kwargs)
 
     opts = [
@@ -97,6 +99,12 @@ def _run_options(f):
                           "priced  [default: the runtime's: "
                           + ", ".join(f"{n} {RUNTIME_RULES[n].fp8_recipes[0]}" for n in TARGETS
                                       if "fp8" in RUNTIME_RULES[n].precisions) + "]"),
+        click.option("--grad-reduce", type=click.Choice(list(GRAD_REDUCES)), default=None,
+                     help="the dtype of the data-parallel gradient reduction and gradient buffers: bf16 halves "
+                          "their traffic and memory (Megatron's --grad-reduce-in-bf16)  [default: fp32]"),
+        click.option("--fp8-param-gather", is_flag=True, default=False,
+                     help="fp8 runs: keep the layers' weights in fp8 and all-gather them so, 1 byte a parameter "
+                          "(Megatron's --fp8-param-gather, with the distributed optimizer)"),
     ]
     for opt in reversed(opts):
         command = opt(command)

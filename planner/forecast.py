@@ -448,9 +448,11 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
         notes.append(f"restart after a failure {RESTART_S:g} s (assumed; --restart-s)")
     notes.append("the front is " + ("days against cost" if priced else "days against GPU-hours (no price given)"))
     # forecasts made before these knobs read alike
-    given = {k: True for k, on in (("ep_overlap", options.ep_overlap), ("moe_folding", options.folding)) if on}
-    if options.fp8_recipe:
-        given["fp8_recipe"] = options.fp8_recipe
+    given = {k: True for k, on in (("ep_overlap", options.ep_overlap), ("moe_folding", options.folding),
+                                   ("fp8_param_gather", options.fp8_param_gather)) if on}
+    for key, value in (("fp8_recipe", options.fp8_recipe), ("grad_reduce", options.grad_reduce)):
+        if value:
+            given[key] = value
     return {"schema": SCHEMA, "planner_version": __version__,
             "inputs": {**given, "model": model.name, "clusters": [c.name for c in clusters], "gpus": gpus,
                        "global_batches": list(global_batches), "seq_len": seq_len or model.seq_len,

@@ -680,7 +680,8 @@ def _shares(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, c
                       request.get("options", RunOptions()).at(pool_precision(cluster.pools[i], request["precision"])))
 
     precisions = tuple(pool_precision(p, request["precision"]) for p in cluster.pools)
-    return best_shares(model, cluster, gpus, request["global_batch"], precisions, setup_of, request["constraints"],
+    return best_shares(model, cluster, gpus, request["global_batch"], precisions,
+                       request.get("options", RunOptions()).grad_reduce, setup_of, request["constraints"],
                        solver=request.get("solver", "highs"), time_limit_s=request.get("time_limit_s", 10.0),
                        cutoff_s=cutoff_s, progress=request.get("progress"))
 

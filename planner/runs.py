@@ -21,8 +21,9 @@ from planner.spec.fields import Fields, load_document
 from planner.spec.hardware import Cluster, Efficiency, load_cluster
 from planner.spec.model import ModelSpec
 from planner.spec.training import (
-    MOE_DISPATCHERS,
     FP8_RECIPES,
+    GRAD_REDUCES,
+    MOE_DISPATCHERS,
     STRATEGY_KNOBS,
     Strategy,
     TrainingSetup,
@@ -36,7 +37,7 @@ CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
             "analytic_reference", "confidence", "runtime", "runtime_version", "moe_dispatcher", "ep_overlap", "moe_folding",
-            "fp8_recipe", "erratum")
+            "fp8_recipe", "grad_reduce", "fp8_param_gather", "erratum")
 RUN_RUNTIMES = tuple(name for name in RUNTIME_RULES if name != "ideal")
 """the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron,
 Megatron-LM before its 2023 overlaps as megatron@2022; Megatron-DeepSpeed as deepspeed; MosaicML
@@ -90,7 +91,9 @@ def load_runs(path: Path | None = None) -> list[Run]:
                               attention=f.choice("attention", ("flash", "eager"), "flash"), runtime=runtime,
                               moe_dispatcher=f.choice("moe_dispatcher", MOE_DISPATCHERS, ""),
                               ep_overlap=f.bool("ep_overlap", False), moe_folding=f.bool("moe_folding", False),
-                              fp8_recipe=f.choice("fp8_recipe", FP8_RECIPES, ""))
+                              fp8_recipe=f.choice("fp8_recipe", FP8_RECIPES, ""),
+                              grad_reduce=f.choice("grad_reduce", GRAD_REDUCES, ""),
+                              fp8_param_gather=f.bool("fp8_param_gather", False))
         strategy = dict(f.raw("strategy", {}))
         for knob in strategy:
             if knob not in STRATEGY_KNOBS:

@@ -86,6 +86,13 @@ class RuntimeRules:
     """those of them it runs expert parallelism in"""
     fp8_recipes: tuple[str, ...] = FP8_RECIPES
     """how it scales fp8 tensors (spec/training.FP8_RECIPES), its default first (fp8_recipe)"""
+    grad_reduces: tuple[str, ...] = ("fp32",)
+    """the dtypes it reduces data-parallel gradients in (spec/training.GRAD_REDUCES), its default
+    first: fp32 everywhere (torchtitan 0.3's mixed_precision_reduce is Literal["float32"]);
+    Megatron-LM also bf16 (--grad-reduce-in-bf16)"""
+    fp8_param_gather: bool = False
+    """whether it keeps fp8 weights and all-gathers them in fp8 (Megatron-LM --fp8-param-gather,
+    with its distributed optimizer)"""
     models: tuple[ShippedModel, ...] = ()
     """the models it builds, where it builds them by name (torchtitan); () where launch flags
     describe any decoder (Megatron-LM, DeepSpeed, nanotron)"""
@@ -258,7 +265,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                           "the ideal space: no runtime's restrictions (for what-if analysis; no runtime may run "
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                           ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3),
-                          batch_shares=True, pool_stages="any"),
+                          batch_shares=True, pool_stages="any", grad_reduces=("fp32", "bf16"), fp8_param_gather=True),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
@@ -266,6 +273,8 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              # validate_args: "Expert parallelism is not supported with fp16 training."
                              ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True,
                              moe_folding=True, ends_accounted=True, pool_stages="same_library",
+                             # arguments.py: --grad-reduce-in-bf16, --fp8-param-gather (Megatron-LM 000c4ac)
+                             grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
                              # --num-distributed-optimizer-instances (megatron-core parallel_state:
                              # intra-partial groups of dp*cp/instances consecutive dp-cp ranks)
                              hybrid_zero=(1,)),
@@ -460,6 +469,30 @@ def fp8_recipe_refusal(runtime: str, precision: str, recipe: str) -> str | None:
     rules = RUNTIME_RULES[runtime]
     if recipe not in rules.fp8_recipes:
         return f"runtime {runtime} has no fp8 recipe {recipe} (it runs {', '.join(rules.fp8_recipes)})"
+    return None
+
+
+def grad_reduce_refusal(runtime: str, precision: str, requested: str) -> str | None:
+    """Why `runtime` cannot reduce gradients in `requested` (None when it can, or none is asked):
+    bf16 for a bf16 or fp8 run only (fp16 runs reduce in fp16 already, cost/step.dp_grad_bytes)."""
+    if not requested:
+        return None
+    if requested == "bf16" and precision == "fp16":
+        return "a bf16 gradient reduction needs precision bf16 or fp8, got fp16 (whose gradients reduce in fp16)"
+    have = RUNTIME_RULES[runtime].grad_reduces
+    if requested in have:
+        return None
+    return f"runtime {runtime} reduces gradients in {', '.join(have)} only, not {requested}"
+
+
+def fp8_param_gather_refusal(runtime: str, precision: str, asked: bool) -> str | None:
+    """Why `runtime` cannot keep and gather fp8 weights (None when it can, or it is not asked)."""
+    if not asked:
+        return None
+    if precision != "fp8":
+        return f"an fp8 parameter gather needs precision fp8, got {precision}"
+    if not RUNTIME_RULES[runtime].fp8_param_gather:
+        return f"runtime {runtime} has no fp8 parameter gather"
     return None
 
 

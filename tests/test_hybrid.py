@@ -66,15 +66,15 @@ def test_the_replicas_all_reduce_their_shard_of_the_gradients():
         calls.append((kind, n_bytes, group))
         return 0.0
 
-    zero_traffic_s(coll, 3, 4, 1000.0, 0.0, replicas=1 / 8)
+    zero_traffic_s(coll, 3, 4, (2000.0, 0.0), 1000.0, 0.0, replicas=1 / 8)
     assert ("reduce_scatter", 4000.0, "dpcp") in calls and ("all_reduce", 500.0, "replica") in calls
     assert ("all_gather", 2000.0, "dpcp") in calls  # the 16-bit weights, gathered for forward and backward
     calls.clear()
     cluster = load_cluster("dgx-h100")
-    stage_tail_s(coll, 1, 4, 1000.0, 0.0, 1.0, 1.0, 0, True, 8, 1, cluster, replicas=1 / 8)
+    stage_tail_s(coll, 1, 4, (2000.0, 0.0), 1000.0, 0.0, 1.0, 1.0, 0, True, 8, 1, cluster, replicas=1 / 8)
     assert ("reduce_scatter", 4000.0, "dpcp") in calls and ("all_reduce", 500.0, "replica") in calls
     calls.clear()
-    zero_traffic_s(coll, 3, 4, 1000.0, 0.0)
+    zero_traffic_s(coll, 3, 4, (2000.0, 0.0), 1000.0, 0.0)
     assert all(g != "replica" for _, _, g in calls)
 
 

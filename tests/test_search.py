@@ -920,7 +920,7 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
     and recompute count its candidate can take (with the measured kernels, the runtime's TP overlap,
     overlapped expert all-to-alls and the slowest groups priced): random candidates of random small dense and MoE setups on H100,
     their first and refined bounds against `estimate` on random splits and counts, in bf16 and in
-    fp8 under the runtime's recipes."""
+    fp8 under the runtime's recipes, with gradients reduced in bf16 and weights gathered in fp8."""
     from planner.search import bounds as bounds_mod
     from planner.search.floors import SAFETY
 
@@ -934,6 +934,10 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
     if rng.random() < 0.5:  # fp8: its quantisation kernels and the fast-accumulating forward GEMMs priced
         recipes = space.RUNTIME_RULES[setup.runtime].fp8_recipes
         setup = replace(setup, precision="fp8", fp8_recipe=str(rng.choice([r for r in recipes if r != "mxfp8"])))
+    if setup.runtime == "ideal" and rng.random() < 0.5:  # gradients reduced and buffered in bf16
+        setup = replace(setup, grad_reduce="bf16")
+    if setup.precision == "fp8" and setup.runtime == "ideal" and rng.random() < 0.5:
+        setup = replace(setup, fp8_param_gather=True)  # the layers' weights gathered in fp8
     if moe is not None and setup.runtime == "ideal" and rng.random() < 0.5:
         setup = replace(setup, ep_overlap=True)  # the expert all-to-alls overlapped (--ep-overlap)
     if moe is not None and setup.runtime == "ideal" and rng.random() < 0.5:

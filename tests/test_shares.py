@@ -46,7 +46,7 @@ def brute_force(model, cluster, gpus, batch):
     best = float("inf")
     for used in allocations(cluster, gpus):
         idx = [i for i, n in enumerate(used) if n]
-        x = exchange_s(model, cluster, ("bf16",) * len(used), used)
+        x = exchange_s(model, cluster, ("bf16",) * len(used), used, "")
         for split in itertools.product(range(1, batch), repeat=len(idx)):
             if sum(split) != batch:
                 continue
@@ -68,7 +68,7 @@ def test_the_shares_search_equals_brute_force(nodes, gpus, batch):
     pools at least) and every split of the batch, the search's step is the brute force's (the
     last mix has allocations whose exchanges differ for the same pool and GPUs)."""
     cluster = mix(*nodes)
-    found = best_shares(SMALL, cluster, gpus, batch, ("bf16",) * len(nodes), setup_of(SMALL, cluster), {})
+    found = best_shares(SMALL, cluster, gpus, batch, ("bf16",) * len(nodes), "", setup_of(SMALL, cluster), {})
     expected = brute_force(SMALL, cluster, gpus, batch)
     assert found is not None and found.step_time_s == pytest.approx(expected, rel=1e-12)
     assert sum(s.setup.global_batch for s in found.shares) == batch
@@ -78,8 +78,8 @@ def test_the_shares_search_equals_brute_force(nodes, gpus, batch):
 
 def test_a_cutoff_no_split_beats_gives_nothing():
     cluster = mix(1, 1)
-    found = best_shares(SMALL, cluster, 16, 24, ("bf16",) * 2, setup_of(SMALL, cluster), {})
-    assert best_shares(SMALL, cluster, 16, 24, ("bf16",) * 2, setup_of(SMALL, cluster), {},
+    found = best_shares(SMALL, cluster, 16, 24, ("bf16",) * 2, "", setup_of(SMALL, cluster), {})
+    assert best_shares(SMALL, cluster, 16, 24, ("bf16",) * 2, "", setup_of(SMALL, cluster), {},
                        cutoff_s=found.step_time_s) is None
 
 
@@ -98,11 +98,11 @@ def test_the_exchange_is_a_ring_over_the_pools_at_the_fewest_gpus_links():
     unmeasured = LinkTier(Bps=25e9, latency_s=0.0)
     assert pools_exchange_s(1e9, (8, 8), unmeasured) == pytest.approx(1e9 / (8 * 25e9 * 0.8))
     model = load_model("llama3-70b")
-    assert exchange_s(model, mix(4, 8), ("bf16",) * 3, (32, 0, 64)) == pools_exchange_s(
-        model_params(model) * dp_grad_bytes("bf16"), (32, 64), LINK)
+    assert exchange_s(model, mix(4, 8), ("bf16",) * 3, (32, 0, 64), "") == pools_exchange_s(
+        model_params(model) * dp_grad_bytes("bf16", ""), (32, 64), LINK)
     # the gradients cross in the widest reduction dtype of the pools used (fp16's is 2 bytes, bf16's 4)
-    assert exchange_s(model, mix(4, 8), ("fp16", "bf16", "fp16"), (32, 64, 0)) == exchange_s(
-        model, mix(4, 8), ("bf16",) * 3, (32, 64, 0)) > exchange_s(model, mix(4, 8), ("fp16",) * 3, (32, 64, 0))
+    assert exchange_s(model, mix(4, 8), ("fp16", "bf16", "fp16"), (32, 64, 0), "") == exchange_s(
+        model, mix(4, 8), ("bf16",) * 3, (32, 64, 0), "") > exchange_s(model, mix(4, 8), ("fp16",) * 3, (32, 64, 0), "")
 
 
 def test_the_compute_floor_is_below_every_priced_strategy():

@@ -50,11 +50,26 @@ ADAM_BYTES_PER_PARAM = 38
 master, m, v (12), write the 16-bit weight (2), plus grad-norm read and zeroing (8)"""
 
 
-def dp_grad_bytes(precision: str) -> int:
+def dp_grad_bytes(precision: str, grad_reduce: str) -> int:
     """Bytes per gradient element in the data-parallel reduction: Megatron forces fp32 gradient
-    accumulation and reduction with bf16 (accumulate_allreduce_grads_in_fp32); with fp16 it keeps
-    them in fp16 by default, as FSDP reduces in the parameter dtype."""
-    return 2 if precision == "fp16" else 4
+    accumulation and reduction with bf16 (accumulate_allreduce_grads_in_fp32) unless the setup
+    reduces in bf16 (TrainingSetup.grad_reduce); with fp16 it keeps them in fp16 by default, as
+    FSDP reduces in the parameter dtype."""
+    return 2 if precision == "fp16" or grad_reduce == "bf16" else 4
+
+
+def gather_bytes(setup: TrainingSetup) -> int:
+    """Bytes per parameter of the transformer layers that ZeRO's weight all-gathers move: 16-bit
+    weights, or 1 with an fp8 parameter gather (TrainingSetup.fp8_param_gather; the embedding
+    and LM head stay 16-bit: gathered_bytes)."""
+    return 1 if setup.fp8_param_gather else memory.WEIGHT_BYTES
+
+
+def gathered_bytes(per_param: int, dense, layer_params, expert) -> tuple:
+    """(dense, expert) bytes a stage's ZeRO weight all-gather moves: its layers' `layer_params`
+    and its experts at `per_param` (gather_bytes), the rest of its `dense` parameters (embedding,
+    LM head) at memory.WEIGHT_BYTES. Elementwise over arrays."""
+    return per_param * layer_params + memory.WEIGHT_BYTES * (dense - layer_params), per_param * expert
 
 BREAKDOWN_KEYS = ("compute", "recompute", "bubble", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
                   "dp_comm_exposed", "optimizer")
@@ -248,6 +263,9 @@ class Profile:
     strategy: Strategy
     microbatches: int
     grad_bytes: int
+    """bytes per gradient element of the data-parallel reduction (dp_grad_bytes)"""
+    gather_bytes: int
+    """bytes per layer parameter of ZeRO's weight all-gathers (gather_bytes)"""
     prefix: dict = field(hash=False)
     """name -> array of length layers+1; '_b' = base recompute mode, '_f' = full recompute"""
     ends: dict = field(hash=False)
@@ -276,8 +294,8 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
     ends = tables.ends
     p2p = p2p_s(model, cluster, setup, s.tp, s.cp, s.micro_batch, s.vpp, spans["pp"].nodes > 1) if s.pp > 1 else 0.0
     return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
-                   microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision),
-                   prefix=tables.prefix, ends=ends, p2p_s=p2p, transient_bytes=tables.transient_bytes,
+                   microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision, setup.grad_reduce),
+                   gather_bytes=gather_bytes(setup), prefix=tables.prefix, ends=ends, p2p_s=p2p, transient_bytes=tables.transient_bytes,
                    prefetch_bytes=tables.prefetch_bytes, spans=spans,
                    zero=RUNTIME_RULES[setup.runtime].priced_zero(s.zero, s.pp))
 
@@ -310,7 +328,7 @@ def pricing_key(prof: Profile) -> tuple:
     return (s.pp, s.vpp, s.tp, prof.zero, s.dp_overlap, prof.spans.get("replica"),
             *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard),
             s.recompute,
-            s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.p2p_s, prof.transient_bytes,
+            s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.gather_bytes, prof.p2p_s, prof.transient_bytes,
             prof.prefetch_bytes, prof.spans["dpcp"], prof.spans["edp"], tuple(sorted(prof.ends.items())),
             tuple(prof.prefix[k].tobytes() for k in sorted(prof.prefix)))
 
@@ -485,13 +503,14 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
         return comm.collective_time_s(kind, n_bytes, prof.spans[group], cluster)
 
     z = 0.0
+    gathered = gathered_bytes(prof.gather_bytes, dense, sums["params"], sums["expert"])
     if prof.zero >= 2:
-        per_mb = zero_traffic_s(coll, prof.zero, prof.grad_bytes, dense, sums["expert"], replica_share(s))
+        per_mb = zero_traffic_s(coll, prof.zero, prof.grad_bytes, gathered, dense, sums["expert"], replica_share(s))
         z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
     t = before_zero + z
     shards, eshards = state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard)
     # recomputation runs inside backward and hides traffic too
-    exposed, opt = stage_tail_s(coll, prof.zero, prof.grad_bytes, dense, sums["expert"], sums["fwd"],
+    exposed, opt = stage_tail_s(coll, prof.zero, prof.grad_bytes, gathered, dense, sums["expert"], sums["fwd"],
                                 sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster,
                                 replica_share(s))
 
@@ -594,7 +613,8 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
     return stage_memory(prof.zero, dense, sums["expert"],
                         *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard),
                         pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
-                        prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes)
+                        prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes,
+                        memory.grad_buffer_bytes(prof.setup.grad_reduce))
 
 
 def stage_ends(first, last, params, saved, emb_params, head_params, head_tied, emb_saved, head_saved) -> tuple:
@@ -607,14 +627,16 @@ def stage_ends(first, last, params, saved, emb_params, head_params, head_tied, e
 
 
 def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,
-                 prefetch_bytes) -> tuple:
+                 prefetch_bytes, grad_bytes: int) -> tuple:
     """(weights, grads, optimizer, activations, other) bytes of a stage: the states of its dense
     parameters sharded over the dp*cp group and of its experts over the expert data-parallel
-    group (ZeRO), the activations of its in-flight micro-batches (`saved` per micro-batch) plus
-    the head's and a recomputed layer's rebuild buffer, and what the runtime adds (with ZeRO-3's
-    prefetched layers). Arrays broadcast, zero included."""
-    wd, gd, od = memory.state_bytes(dense, zero, shards)
-    we, ge, oe = memory.state_bytes(expert, zero, eshards)
+    group (ZeRO; `grad_bytes` a gradient element, memory.grad_buffer_bytes), the activations of
+    its in-flight micro-batches (`saved` per micro-batch) plus the head's and a recomputed
+    layer's rebuild buffer, and what the runtime adds (with ZeRO-3's prefetched layers). Arrays
+    broadcast, zero included. With an fp8 parameter gather the weights are still counted at
+    16 bits: their fp8 copy plus, on Hopper, the transposed copy the backward's GEMMs take."""
+    wd, gd, od = memory.state_bytes(dense, zero, shards, grad_bytes)
+    we, ge, oe = memory.state_bytes(expert, zero, eshards, grad_bytes)
     acts = in_flight * saved + head_saved + transient
     return wd + we, gd + ge, od + oe, acts, memory.other_bytes(acts, memory.from_stage(zero, 3, prefetch_bytes, 0.0))
 
@@ -627,21 +649,21 @@ def replica_reduce_s(coll, grad_bytes: int, dense, replicas: float):
     return coll("all_reduce", grad_bytes * dense * replicas, "replica") if replicas else 0.0
 
 
-def zero_traffic_s(coll, zero, grad_bytes: int, dense, expert, replicas: float = 0.0):
+def zero_traffic_s(coll, zero, grad_bytes: int, gathered: tuple, dense, expert, replicas: float = 0.0):
     """ZeRO-2/3 collectives of one micro-batch over a stage's parameters: ZeRO-2 reduce-scatters
     every micro-batch's gradients, ZeRO-3 also gathers the weights for forward and backward;
     over the dp*cp group for dense parameters (its shard group under hybrid sharding) and the
     expert data-parallel group for experts. Under hybrid sharding each rank then all-reduces
     its share `replicas` (replica_share) of the dense gradients across the replicas, as FSDP2's
-    HSDP does after every reduce-scatter. coll(kind, bytes, 'dpcp' | 'edp' | 'replica') prices
-    one collective; zero and the sizes may be arrays."""
+    HSDP does after every reduce-scatter. `gathered`: the (dense, expert) bytes of the weights
+    gathered (gathered_bytes). coll(kind, bytes, 'dpcp' | 'edp' | 'replica') prices one
+    collective; zero and the sizes may be arrays."""
     def out():
         return (coll("reduce_scatter", grad_bytes * dense, "dpcp") + coll("reduce_scatter", grad_bytes * expert, "edp")
                 + replica_reduce_s(coll, grad_bytes, dense, replicas))
 
     def gather():
-        return (2 * coll("all_gather", memory.WEIGHT_BYTES * dense, "dpcp")
-                + 2 * coll("all_gather", memory.WEIGHT_BYTES * expert, "edp"))
+        return 2 * coll("all_gather", gathered[0], "dpcp") + 2 * coll("all_gather", gathered[1], "edp")
 
     return _by_zero(zero, ((2, 3), out)) + _by_zero(zero, ((3,), gather))
 
@@ -659,15 +681,15 @@ def _by_zero(zero, *cases):
     return out
 
 
-def stage_tail_s(coll, zero, grad_bytes: int, dense, expert, fwd_s, bwd_s, stage, dp_overlap: bool, shards,
-                 eshards, cluster: Cluster, replicas: float = 0.0):
+def stage_tail_s(coll, zero, grad_bytes: int, gathered: tuple, dense, expert, fwd_s, bwd_s, stage,
+                 dp_overlap: bool, shards, eshards, cluster: Cluster, replicas: float = 0.0):
     """(exposed data-parallel time, optimizer time) a stage adds after the pipeline drains: the
     gradient reduction (all-reduce with ZeRO-0, reduce-scatter with ZeRO-1), the parameter
     all-gather after the distributed optimizer (ZeRO-1/2), then the optimizer step over the
     stage's shard. Stage i finishes its last backward i micro-batches after the last stage, so
     the reduction hides behind (dp_overlap_fraction + i) of its backward (`bwd_s`, with its
     recomputation) and the gather behind a fraction of the forward. coll as in zero_traffic_s;
-    every argument may be an array. Under hybrid sharding (`replicas`, the replica_share of the
+    every argument may be an array; `gathered` as in zero_traffic_s. Under hybrid sharding (`replicas`, the replica_share of the
     dense gradients) ZeRO-1's reduce-scatter over the shard group is followed by the all-reduce
     of that share across the replicas (Megatron's distributed optimizer instances)."""
     eff = cluster.efficiency
@@ -679,7 +701,8 @@ def stage_tail_s(coll, zero, grad_bytes: int, dense, expert, fwd_s, bwd_s, stage
         return both("reduce_scatter", grad_bytes) + replica_reduce_s(coll, grad_bytes, dense, replicas)
 
     grad = _by_zero(zero, ((0,), lambda: both("all_reduce", grad_bytes)), ((1,), scatter))
-    gather = _by_zero(zero, ((1, 2), lambda: both("all_gather", memory.WEIGHT_BYTES)))
+    gather = _by_zero(zero, ((1, 2), lambda: coll("all_gather", gathered[0], "dpcp")
+                                            + coll("all_gather", gathered[1], "edp")))
     if dp_overlap:
         exposed = (np.maximum(0.0, grad - reduction_hiding(cluster, stage, dp_overlap) * bwd_s)
                    + np.maximum(0.0, gather - eff.dp_overlap_fraction * fwd_s))

@@ -68,6 +68,10 @@ class PlanView:
     """expert layers without tensor parallelism (TrainingSetup.moe_folding)"""
     fp8_recipe: str = ""
     """the fp8 recipe the plan was priced with (TrainingSetup.quantisation; '' below fp8)"""
+    grad_reduce: str = ""
+    """the dtype it reduces gradients in where the request named one (TrainingSetup.grad_reduce)"""
+    fp8_param_gather: bool = False
+    """fp8 weights gathered in fp8 (TrainingSetup.fp8_param_gather)"""
     dp_shard: int = 0
     """hybrid sharding's shard group of data-parallel ranks (Strategy.dp_shard; 0: all of dp)"""
     pool_shares: tuple[str, ...] = ()
@@ -148,6 +152,8 @@ def read(plan: dict) -> PlanView:
                     moe_folding=training.get("moe_folding", False) is True,
                     fp8_recipe=(fp8_recipe(record_name(training.get("runtime", "ideal")), training.get("fp8_recipe", ""))
                                 if t["precision"] == "fp8" else ""),
+                    grad_reduce=str(training.get("grad_reduce", "")),
+                    fp8_param_gather=training.get("fp8_param_gather", False) is True,
                     dp_shard=int(strategy.get("dp_shard", 0)),
                     pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")),
                     stage_pools=stage_pools, stage_libraries=libraries, stage_node_sizes=node_sizes, **t, **s)
@@ -226,7 +232,8 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
     """What the runtime's capability record (planner/runtimes.py) refuses of the plan's strategy,
     of the MoE dispatcher it was priced with and of its expert-parallel overlap, the record the
     search and `estimate --runtime` read: an exporter refuses at least that."""
-    from planner.runtimes import RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal, folding_refusal
+    from planner.runtimes import (RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal, folding_refusal,
+                                  grad_reduce_refusal)
     from planner.spec.training import Strategy
     s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
                  recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
@@ -239,6 +246,10 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
         why = "MoE parallel folding (expert tensor parallelism 1 under tp > 1)"
     if not why and v.fp8_recipe and v.fp8_recipe not in RUNTIME_RULES[record].fp8_recipes:
         why = f"the {v.fp8_recipe} fp8 recipe the plan was priced with (it runs {', '.join(RUNTIME_RULES[record].fp8_recipes)})"
+    if not why and v.grad_reduce and grad_reduce_refusal(record, v.precision, v.grad_reduce):
+        why = f"gradients reduced in {v.grad_reduce} (it reduces in {', '.join(RUNTIME_RULES[record].grad_reduces)})"
+    if not why and v.fp8_param_gather and not RUNTIME_RULES[record].fp8_param_gather:
+        why = "fp8 weights gathered in fp8 (--fp8-param-gather)"
     if not why and v.ep_overlap and ep_overlap_refusal(record, True):
         why = "expert all-to-alls overlapped with computation (--ep-overlap)"
     if not why and v.ep_overlap and (problems := ep_overlap_problems(s, v.model)):

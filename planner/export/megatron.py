@@ -273,9 +273,17 @@ def _optimizer(v: PlanView) -> list[Arg]:
 
 
 def _precision(v: PlanView) -> list[Arg]:
+    """The precision flags, the gradient reduction's dtype and the fp8 weights' gather
+    (Megatron-LM 000c4ac arguments.py: --fp8-recipe tensorwise, delayed, mxfp8 or blockwise;
+    --grad-reduce-in-bf16; --fp8-param-gather, which needs the distributed optimizer: a ZeRO-0
+    plan gathers no weights, so it goes without)."""
     if v.precision == "fp16":
         return [("--fp16", None)]
+    args = [("--bf16", None)]
+    if v.grad_reduce == "bf16":
+        args.append(("--grad-reduce-in-bf16", None))
     if v.precision == "fp8":
-        # --fp8-recipe: Megatron-LM 000c4ac arguments.py (tensorwise, delayed, mxfp8, blockwise)
-        return [("--bf16", None), ("--fp8-format", "hybrid"), ("--fp8-recipe", v.fp8_recipe)]
-    return [("--bf16", None)]
+        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", v.fp8_recipe)]
+        if v.fp8_param_gather and v.zero >= 1:
+            args.append(("--fp8-param-gather", None))
+    return args

@@ -36,6 +36,7 @@ from planner.cost.step import (
     compute_floor_s,
     dp_grad_bytes,
     expert_fold,
+    gather_bytes,
     layer_kind_index,
     optimizer_s,
     p2p_s,
@@ -361,7 +362,8 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
     # L / sum_i 1 / (state + k_i * saved) (per-layer minima of the model)
-    per_dense, per_expert = sum(memory.state_bytes(1.0, zp, shards)), sum(memory.state_bytes(1.0, zp, eshards))
+    grad = memory.grad_buffer_bytes(setup.grad_reduce)
+    per_dense, per_expert = sum(memory.state_bytes(1.0, zp, shards, grad)), sum(memory.state_bytes(1.0, zp, eshards, grad))
     width = max(len(kinds) for _, kinds in layers)
     kinds = np.array([list(k) + [k[0]] * (width - len(k)) for _, k in layers])
     least_state = np.min(layer_state_bytes(per_dense[:, None], per_expert[:, None], kinds[mem, :, 0],
@@ -390,7 +392,10 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     opt = optimizer_s(zp, dense / pp, expert / pp, shards, eshards, cluster)
     # ZeRO-2/3 per-micro-batch traffic not hidden: sum_i max(0, x_i) >= max(0, sum_i x_i)
     coef = np.array([layout_coef(edp, dpcp, cluster) for edp, dpcp in layouts]).reshape(len(layouts), len(KINDS), 2, 2)
-    traffic = zero_traffic_s(affine(coef, lay), zp, dp_grad_bytes(setup.precision), dense, expert)
+    # every parameter gathered at the layers' width (gathered_bytes: the ends' is at least that)
+    per_param = gather_bytes(setup)
+    traffic = zero_traffic_s(affine(coef, lay), zp, dp_grad_bytes(setup.precision, setup.grad_reduce),
+                             (per_param * dense, per_param * expert), dense, expert)
     zfloor = np.maximum(0.0, traffic - eff.dp_overlap_fraction * ctx.col("comp_s")[c])
     rec = np.zeros(len(z))
     if full.any():

@@ -11,7 +11,8 @@ import numpy as np
 
 from planner.cost import memory
 from planner.cost.pipeline import even_chunks, in_flight
-from planner.cost.step import dp_grad_bytes, stage_ends, stage_memory, stage_tail_s
+from planner.cost.step import (dp_grad_bytes, gather_bytes, gathered_bytes, stage_ends, stage_memory,
+                               stage_tail_s)
 from planner.search import space
 from planner.search.contexts import Table, affine
 from planner.search.floors import SAFETY, layer_state_bytes, pipeline_floor_s
@@ -377,7 +378,8 @@ class Refiner:
         prefetch = self.ctx.col("prefetch_bytes")[self.c[j]].reshape(-1, *extra)
         expert = total("expert")
         return sum(stage_memory(self.zero[j].reshape(-1, *extra), dense, expert, self.shards[j].reshape(-1, *extra),
-                                self.eshards[j].reshape(-1, *extra), inflight, saved, head, transient, prefetch))
+                                self.eshards[j].reshape(-1, *extra), inflight, saved, head, transient, prefetch,
+                                memory.grad_buffer_bytes(self.setup.grad_reduce)))
 
     def _fixed_groups(self, idx: np.ndarray):
         """(pp, vpp, positions in idx) of the fixed-split candidates, grouped."""
@@ -460,7 +462,9 @@ class Refiner:
         rec = np.where(self.full[j][:, None], total("rec_f"), total("rec_b"))
         col = (slice(None), None)
         exposed, opt = stage_tail_s(affine(self.coef, self.lay[j]), self.zero[j][col],
-                                    dp_grad_bytes(self.setup.precision), dense, total("expert"), total("fwd"),
+                                    dp_grad_bytes(self.setup.precision, self.setup.grad_reduce),
+                                    gathered_bytes(gather_bytes(self.setup), dense, total("params"), total("expert")),
+                                    dense, total("expert"), total("fwd"),
                                     total("bwd") + rec, stage, self.dp_overlap, self.shards[j][col],
                                     self.eshards[j][col], self.cluster)
         tails = np.broadcast_to(exposed + opt, (len(j), sum(sizes)))

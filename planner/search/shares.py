@@ -71,18 +71,21 @@ def allocations(cluster: MixedCluster, gpus: int) -> list[tuple[int, ...]]:
     return [g for g in itertools.product(*options) if sum(g) == gpus and sum(1 for n in g if n) >= 2]
 
 
-def exchange_s(model: ModelSpec, cluster: MixedCluster, precisions: tuple[str, ...], used: tuple[int, ...]) -> float:
+def exchange_s(model: ModelSpec, cluster: MixedCluster, precisions: tuple[str, ...], used: tuple[int, ...],
+               grad_reduce: str) -> float:
     """The gradient exchange between the pools that hold GPUs in `used` (`precisions`: each
-    pool's; the gradients cross in the widest of their reductions' dtypes)."""
-    grad_bytes = max(dp_grad_bytes(p) for p, n in zip(precisions, used) if n)
+    pool's, `grad_reduce` the request's; the gradients cross in the widest of their reductions'
+    dtypes)."""
+    grad_bytes = max(dp_grad_bytes(p, grad_reduce) for p, n in zip(precisions, used) if n)
     return pools_exchange_s(model_params(model) * grad_bytes, tuple(n for n in used if n), cluster.between_pools)
 
 
 def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, precisions: tuple[str, ...],
-                setup_of: Callable[[int, int, int], TrainingSetup], fixed: dict, solver: str = "highs",
+                grad_reduce: str, setup_of: Callable[[int, int, int], TrainingSetup], fixed: dict, solver: str = "highs",
                 time_limit_s: float = 10.0, cutoff_s: float = float("inf"), progress=None) -> SharesResult | None:
     """The fastest plan over several pools (module docstring) of `gpus` GPUs and global batch
     `batch` whose step is below `cutoff_s`, or None. `precisions`: each pool's (its setups');
+    `grad_reduce`: the dtype the gradients are reduced in (TrainingSetup.grad_reduce);
     `setup_of(pool index, gpus, share)`: the pool's training setup (a PlannerError: that share
     has no plan); `progress(done, total, what)`: called as splits are settled."""
     from planner.errors import PlannerError
@@ -92,7 +95,7 @@ def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, 
     heap: list = []
     rates: dict = {}
     for used in allocations(cluster, gpus):
-        x = exchange_s(model, cluster, precisions, used)
+        x = exchange_s(model, cluster, precisions, used, grad_reduce)
         idx = [i for i, n in enumerate(used) if n]
         rate = []
         for i in idx:

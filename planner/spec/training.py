@@ -21,6 +21,12 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 'delayed' at Megatron-LM d98e8a64; 'tensorwise' is per-tensor current scaling, also torchao's
 Float8Linear default; 'blockwise' Hopper's 1x128/128x128 blocks, 'mxfp8' Blackwell's 1x32):
 what each costs is cost/compute.QUANT_BYTES"""
+GRAD_REDUCES = ("fp32", "bf16")
+"""the dtype a run's data-parallel gradient reduction and its gradient buffers take: fp32
+(Megatron-LM accumulates and all-reduces bf16 runs' gradients in fp32: arguments.py sets
+accumulate_allreduce_grads_in_fp32; FSDP2's reduce_dtype float32, torchtitan's
+mixed_precision_reduce) or bf16 (Megatron-LM --grad-reduce-in-bf16, Megatron-Core
+DistributedDataParallelConfig.grad_reduce_in_fp32 False, as NVIDIA's MLPerf configs run)"""
 RECIPE_FAMILIES = {"mxfp8": ("blackwell",), "blockwise": ("hopper", "blackwell")}
 """the GPU families a block-scaled recipe runs on: MXFP8 is a Blackwell tensor-core format
 (Megatron-Core TransformerConfig.fp8_recipe: "'mxfp8' for Blackwell architecture only"), the
@@ -53,22 +59,29 @@ class RunOptions:
     ep_overlap: bool = False
     folding: bool | None = None
     fp8_recipe: str = ""
+    grad_reduce: str = ""
+    fp8_param_gather: bool = False
 
     def at(self, precision: str) -> "RunOptions":
-        """The options a setup in `precision` takes: no fp8 recipe below fp8 (a pool of a mixed
-        cluster whose GPU lacks fp8 trains in a fallback precision, spec/pools.pool_precision)."""
-        return self if precision == "fp8" or not self.fp8_recipe else replace(self, fp8_recipe="")
+        """The options a setup in `precision` takes: no fp8 recipe nor fp8 parameter gather below
+        fp8 (a pool of a mixed cluster whose GPU lacks fp8 trains in a fallback precision,
+        spec/pools.pool_precision)."""
+        if precision == "fp8" or not (self.fp8_recipe or self.fp8_param_gather):
+            return self
+        return replace(self, fp8_recipe="", fp8_param_gather=False)
 
     def setup_fields(self) -> dict:
         return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding),
-                "fp8_recipe": self.fp8_recipe}
+                "fp8_recipe": self.fp8_recipe, "grad_reduce": self.grad_reduce,
+                "fp8_param_gather": self.fp8_param_gather}
 
     @classmethod
     def recorded(cls, training: dict) -> "RunOptions":
         """The options a plan's inputs.training records: the expert layout where it names one,
         else both searched again (absent: the defaults)."""
         return cls(dispatcher=training.get("moe_dispatcher", ""), ep_overlap=training.get("ep_overlap", False),
-                   folding=training.get("moe_folding"), fp8_recipe=training.get("fp8_recipe", ""))
+                   folding=training.get("moe_folding"), fp8_recipe=training.get("fp8_recipe", ""),
+                   grad_reduce=training.get("grad_reduce", ""), fp8_param_gather=training.get("fp8_param_gather", False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +110,13 @@ class TrainingSetup:
     fp8_recipe: str = ""
     """how fp8 tensors are scaled (FP8_RECIPES; runtimes.RuntimeRules.fp8_recipes); '' = the
     runtime's own"""
+    grad_reduce: str = ""
+    """the dtype of the data-parallel gradient reduction and the gradient buffers (GRAD_REDUCES;
+    runtimes.RuntimeRules.grad_reduces); '' = the runtime's own (fp32)"""
+    fp8_param_gather: bool = False
+    """fp8 runs: keep the layers' GEMM weights in fp8 and all-gather them so (Megatron-LM
+    --fp8-param-gather; runtimes.RuntimeRules.fp8_param_gather): the distributed optimizer's and
+    ZeRO-3's weight gathers move 1 byte a parameter of the transformer layers"""
 
     def __post_init__(self) -> None:
         for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
@@ -109,7 +129,8 @@ class TrainingSetup:
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0.0 <= h < 1.0:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
         from planner.runtimes import (RUNTIME_RULES, dispatcher_refusal, ep_overlap_refusal, folding_refusal,
-                                      fp8_recipe_refusal, precision_refusal, record_name)
+                                      fp8_param_gather_refusal, fp8_recipe_refusal, grad_reduce_refusal,
+                                      precision_refusal, record_name)
         object.__setattr__(self, "runtime", record_name(self.runtime))
         if self.runtime not in RUNTIME_RULES:
             raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
@@ -117,14 +138,18 @@ class TrainingSetup:
             raise SpecError(f"fp8-recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         if self.moe_dispatcher not in ("", *MOE_DISPATCHERS):
             raise SpecError(f"moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
-        for name in ("ep_overlap", "moe_folding"):
+        if self.grad_reduce not in ("", *GRAD_REDUCES):
+            raise SpecError(f"grad-reduce must be one of {', '.join(GRAD_REDUCES)}, got {self.grad_reduce!r}")
+        for name in ("ep_overlap", "moe_folding", "fp8_param_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name.replace('_', '-')} must be true or false, got {getattr(self, name)!r}")
         refused = (precision_refusal(self.runtime, self.precision)
                    or fp8_recipe_refusal(self.runtime, self.precision, self.fp8_recipe)
                    or dispatcher_refusal(self.runtime, self.moe_dispatcher)
                    or ep_overlap_refusal(self.runtime, self.ep_overlap)
-                   or folding_refusal(self.runtime, self.moe_folding))
+                   or folding_refusal(self.runtime, self.moe_folding)
+                   or grad_reduce_refusal(self.runtime, self.precision, self.grad_reduce)
+                   or fp8_param_gather_refusal(self.runtime, self.precision, self.fp8_param_gather))
         if refused:
             raise SpecError(refused)
 
@@ -143,10 +168,10 @@ class TrainingSetup:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for name in ("moe_dispatcher", "fp8_recipe"):
+        for name in ("moe_dispatcher", "fp8_recipe", "grad_reduce"):
             if not out[name]:
                 del out[name]  # the runtime's own: plans made before the knob read alike
-        for name in ("ep_overlap", "moe_folding"):
+        for name in ("ep_overlap", "moe_folding", "fp8_param_gather"):
             if not out[name]:
                 del out[name]  # plans made before the knob read alike
         return out
