@@ -23,23 +23,12 @@ import datetime
 import json
 import sys
 
+from cuda_timer import time_s
+
 HEAD_DIM = 128
 SEQS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 TOKENS_A_BATCH = 16384
 HEADS = (32, 8)
-
-
-def _time_s(torch, fn, repeats: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / repeats
 
 
 def _row(torch, backend, seq: int, heads: int, causal: bool) -> dict:
@@ -56,13 +45,13 @@ def _row(torch, backend, seq: int, heads: int, causal: bool) -> dict:
         with sdpa_kernel(backend):
             out = sdpa(q, k, v, is_causal=causal)
             grad = torch.randn_like(out)
-            fwd = _time_s(torch, lambda: sdpa(q, k, v, is_causal=causal), repeats)
+            fwd = time_s(lambda: sdpa(q, k, v, is_causal=causal), repeats, warmup=2)
 
             def both():
                 o = sdpa(q, k, v, is_causal=causal)
                 o.backward(grad)
 
-            total = _time_s(torch, both, repeats)
+            total = time_s(both, repeats, warmup=2)
     except RuntimeError as e:  # the backend refuses this shape on this GPU
         row["error"] = str(e).splitlines()[0][:200]
         return row

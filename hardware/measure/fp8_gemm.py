@@ -23,24 +23,12 @@ import datetime
 import json
 import sys
 
+from cuda_timer import time_s
+
 SHAPES = ((8192, 8192, 8192), (4096, 7168, 16384), (16384, 8192, 28672), (16384, 28672, 8192),
           (4096, 1536, 2048), (4096, 2048, 768), (8192, 10240, 8192))
 """(M, N, K): square, DeepGEMM's dense shape, Llama-70B fc1/fc2 at 16k tokens, small MoE experts
 (Qwen3-30B's 768- and 1536-wide), a fused QKV"""
-
-
-def _time_s(fn, repeats: int = 50) -> float:
-    import torch
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / repeats
 
 
 def measure() -> dict:
@@ -58,22 +46,22 @@ def measure() -> dict:
         a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         b = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         flops = 2.0 * m * n * k
-        row = {"m": m, "n": n, "k": k, "bf16_tflops": flops / _time_s(lambda: a @ b.t()) / 1e12}
+        row = {"m": m, "n": n, "k": k, "bf16_tflops": flops / time_s(lambda: a @ b.t()) / 1e12}
         out["gemms"].append(row)
         if not has_fp8:
             continue
         a8, b8 = a.to(fp8), b.to(fp8)
         for fast in (False, True):
-            t = _time_s(lambda: torch._scaled_mm(a8, b8.t(), one, one, out_dtype=torch.bfloat16,
+            t = time_s(lambda: torch._scaled_mm(a8, b8.t(), one, one, out_dtype=torch.bfloat16,
                                                  use_fast_accum=fast))
             row[f"fp8_{'fast' if fast else 'split'}_accum_tflops"] = flops / t / 1e12
     x = torch.randn(16384, 8192, device=dev, dtype=torch.bfloat16)
-    copy_s = _time_s(lambda: x.clone())
+    copy_s = time_s(lambda: x.clone())
     copy_Bps = 2 * 2 * x.numel() / copy_s  # read and write 2 bytes an element
     if not has_fp8:
         return out
-    current = _time_s(lambda: (x * (448.0 / x.abs().amax())).to(fp8))
-    delayed = _time_s(lambda: (x * 0.5).to(fp8))
+    current = time_s(lambda: (x * (448.0 / x.abs().amax())).to(fp8))
+    delayed = time_s(lambda: (x * 0.5).to(fp8))
     out["casts"] = {"elements": x.numel(), "copy_GBps": copy_Bps / 1e9,
                     "current_scaling_bytes_per_element": current * copy_Bps / x.numel(),
                     "delayed_scaling_bytes_per_element": delayed * copy_Bps / x.numel(),
