@@ -101,7 +101,8 @@ def _run_options(f):
                                       if "fp8" in RUNTIME_RULES[n].precisions) + "]"),
         click.option("--grad-reduce", type=click.Choice(list(GRAD_REDUCES)), default=None,
                      help="the dtype of the data-parallel gradient reduction and gradient buffers: bf16 halves "
-                          "their traffic and memory (Megatron's --grad-reduce-in-bf16)  [default: fp32]"),
+                          "their traffic and memory (Megatron's --grad-reduce-in-bf16); bf16 and fp8 runs only  "
+                          "[default: fp32; fp16 runs reduce in fp16]"),
         click.option("--fp8-param-gather", is_flag=True, default=False,
                      help="fp8 runs: keep the layers' weights in fp8 and all-gather them so, 1 byte a parameter "
                           "(Megatron's --fp8-param-gather, with the distributed optimizer)"),

@@ -474,11 +474,13 @@ def fp8_recipe_refusal(runtime: str, precision: str, recipe: str) -> str | None:
 
 def grad_reduce_refusal(runtime: str, precision: str, requested: str) -> str | None:
     """Why `runtime` cannot reduce gradients in `requested` (None when it can, or none is asked):
-    bf16 for a bf16 or fp8 run only (fp16 runs reduce in fp16 already, cost/step.dp_grad_bytes)."""
+    bf16 or fp32 for a bf16 or fp8 run only: an fp16 run's gradients reduce in fp16
+    (cost/step.dp_grad_bytes), and an fp32 reduction of them is not priced."""
     if not requested:
         return None
-    if requested == "bf16" and precision == "fp16":
-        return "a bf16 gradient reduction needs precision bf16 or fp8, got fp16 (whose gradients reduce in fp16)"
+    if precision == "fp16":
+        return (f"gradients reduced in {requested} need precision bf16 or fp8, got fp16 (whose gradients "
+                f"reduce in fp16)")
     have = RUNTIME_RULES[runtime].grad_reduces
     if requested in have:
         return None

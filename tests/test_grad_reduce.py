@@ -58,8 +58,12 @@ def test_a_bf16_reduction_halves_the_gradient_buffers_and_leaves_the_rest():
 
 def test_the_runtimes_that_lack_a_knob_refuse_it():
     base = {"gpus": 8, "global_batch": 8, "seq_len": 2048}
-    with pytest.raises(SpecError, match="needs precision bf16 or fp8, got fp16"):
+    with pytest.raises(SpecError, match="reduced in bf16 need precision bf16 or fp8, got fp16"):
         TrainingSetup(**base, precision="fp16", grad_reduce="bf16", runtime="megatron")
+    # an fp16 run's gradients reduce in fp16 (dp_grad_bytes): an fp32 reduction asked of it is
+    # refused rather than recorded and priced as fp16
+    with pytest.raises(SpecError, match="reduced in fp32 need precision bf16 or fp8, got fp16"):
+        TrainingSetup(**base, precision="fp16", grad_reduce="fp32", runtime="megatron")
     with pytest.raises(SpecError, match="torchtitan reduces gradients in fp32 only"):
         TrainingSetup(**base, grad_reduce="bf16", runtime="torchtitan")
     with pytest.raises(SpecError, match="fp8 parameter gather needs precision fp8"):

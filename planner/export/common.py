@@ -232,8 +232,8 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
     """What the runtime's capability record (planner/runtimes.py) refuses of the plan's strategy,
     of the MoE dispatcher it was priced with and of its expert-parallel overlap, the record the
     search and `estimate --runtime` read: an exporter refuses at least that."""
-    from planner.runtimes import (RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal, folding_refusal,
-                                  grad_reduce_refusal)
+    from planner.runtimes import (RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal,
+                                  fp8_param_gather_refusal, folding_refusal, grad_reduce_refusal)
     from planner.spec.training import Strategy
     s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
                  recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
@@ -248,7 +248,7 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
         why = f"the {v.fp8_recipe} fp8 recipe the plan was priced with (it runs {', '.join(RUNTIME_RULES[record].fp8_recipes)})"
     if not why and v.grad_reduce and grad_reduce_refusal(record, v.precision, v.grad_reduce):
         why = f"gradients reduced in {v.grad_reduce} (it reduces in {', '.join(RUNTIME_RULES[record].grad_reduces)})"
-    if not why and v.fp8_param_gather and not RUNTIME_RULES[record].fp8_param_gather:
+    if not why and fp8_param_gather_refusal(record, v.precision, v.fp8_param_gather):
         why = "fp8 weights gathered in fp8 (--fp8-param-gather)"
     if not why and v.ep_overlap and ep_overlap_refusal(record, True):
         why = "expert all-to-alls overlapped with computation (--ep-overlap)"
