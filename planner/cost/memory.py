@@ -49,18 +49,10 @@ class MemoryBreakdown:
         return self.weights + self.grads + self.optimizer + self.activations + self.other
 
 
-def grad_buffer_bytes(grad_reduce: str) -> int:
-    """Bytes per element of the gradients a run keeps: GRAD_BYTES (Megatron's fp32 main_grad
-    buffers, FSDP2's fp32 reduce_dtype), or 2 where it reduces in bf16 (spec/training.GRAD_REDUCES),
-    its buffers then in that dtype (Megatron-Core's DistributedDataParallel allocates them in
-    float32 only with grad_reduce_in_fp32)."""
-    return 2 if grad_reduce == "bf16" else GRAD_BYTES
-
-
 def state_bytes(params: float, zero: int, shards: int, grad_bytes: int) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes of `params` parameters replicated over `shards` ranks
     (zero may be an array of ZeRO stages, one per candidate), `grad_bytes` a gradient element
-    (grad_buffer_bytes)."""
+    (cost/step.dp_grad_bytes)."""
     weights = WEIGHT_BYTES * params / from_stage(zero, 3, shards, 1)
     grads = grad_bytes * params / from_stage(zero, 2, shards, 1)
     optimizer = OPTIMIZER_BYTES * params / from_stage(zero, 1, shards, 1)

@@ -51,11 +51,13 @@ master, m, v (12), write the 16-bit weight (2), plus grad-norm read and zeroing 
 
 
 def dp_grad_bytes(precision: str, grad_reduce: str) -> int:
-    """Bytes per gradient element in the data-parallel reduction: Megatron forces fp32 gradient
-    accumulation and reduction with bf16 (accumulate_allreduce_grads_in_fp32) unless the setup
-    reduces in bf16 (TrainingSetup.grad_reduce); with fp16 it keeps them in fp16 by default, as
-    FSDP reduces in the parameter dtype."""
-    return 2 if precision == "fp16" or grad_reduce == "bf16" else 4
+    """Bytes per gradient element, in the gradient buffers a run keeps and in its data-parallel
+    reduction alike: memory.GRAD_BYTES where Megatron forces fp32 gradient accumulation and
+    reduction with bf16 (accumulate_allreduce_grads_in_fp32; FSDP2's fp32 reduce_dtype) unless
+    the setup reduces in bf16 (TrainingSetup.grad_reduce: Megatron-Core's DistributedDataParallel
+    then allocates its buffers in bf16); 2 with fp16, whose gradients Megatron keeps and reduces
+    in fp16 by default, as FSDP reduces in the parameter dtype."""
+    return 2 if precision == "fp16" or grad_reduce == "bf16" else memory.GRAD_BYTES
 
 
 def gather_bytes(setup: TrainingSetup) -> int:
@@ -614,7 +616,7 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
                         *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard),
                         pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
                         prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes,
-                        memory.grad_buffer_bytes(prof.setup.grad_reduce))
+                        dp_grad_bytes(prof.setup.precision, prof.setup.grad_reduce))
 
 
 def stage_ends(first, last, params, saved, emb_params, head_params, head_tied, emb_saved, head_saved) -> tuple:
@@ -630,7 +632,7 @@ def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_sa
                  prefetch_bytes, grad_bytes: int) -> tuple:
     """(weights, grads, optimizer, activations, other) bytes of a stage: the states of its dense
     parameters sharded over the dp*cp group and of its experts over the expert data-parallel
-    group (ZeRO; `grad_bytes` a gradient element, memory.grad_buffer_bytes), the activations of
+    group (ZeRO; `grad_bytes` a gradient element, dp_grad_bytes), the activations of
     its in-flight micro-batches (`saved` per micro-batch) plus the head's and a recomputed
     layer's rebuild buffer, and what the runtime adds (with ZeRO-3's prefetched layers). Arrays
     broadcast, zero included. With an fp8 parameter gather the weights are still counted at

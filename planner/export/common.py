@@ -246,7 +246,7 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
         why = "MoE parallel folding (expert tensor parallelism 1 under tp > 1)"
     if not why and v.fp8_recipe and v.fp8_recipe not in RUNTIME_RULES[record].fp8_recipes:
         why = f"the {v.fp8_recipe} fp8 recipe the plan was priced with (it runs {', '.join(RUNTIME_RULES[record].fp8_recipes)})"
-    if not why and v.grad_reduce and grad_reduce_refusal(record, v.precision, v.grad_reduce):
+    if not why and grad_reduce_refusal(record, v.precision, v.grad_reduce):
         why = f"gradients reduced in {v.grad_reduce} (it reduces in {', '.join(RUNTIME_RULES[record].grad_reduces)})"
     if not why and fp8_param_gather_refusal(record, v.precision, v.fp8_param_gather):
         why = "fp8 weights gathered in fp8 (--fp8-param-gather)"

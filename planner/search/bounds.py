@@ -362,7 +362,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
     # L / sum_i 1 / (state + k_i * saved) (per-layer minima of the model)
-    grad = memory.grad_buffer_bytes(setup.grad_reduce)
+    grad = dp_grad_bytes(setup.precision, setup.grad_reduce)
     per_dense, per_expert = sum(memory.state_bytes(1.0, zp, shards, grad)), sum(memory.state_bytes(1.0, zp, eshards, grad))
     width = max(len(kinds) for _, kinds in layers)
     kinds = np.array([list(k) + [k[0]] * (width - len(k)) for _, k in layers])
