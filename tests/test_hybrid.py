@@ -10,7 +10,7 @@ import pytest
 
 from conftest import one_error_line, run
 from planner.cost import comm
-from planner.cost.step import estimate, stage_tail_s, zero_traffic_s
+from planner.cost.step import estimate, gather_bytes, gathered_bytes, stage_tail_s, zero_traffic_s
 from planner.errors import ExportError
 from planner.export import export
 from planner.placement import group_spans, hybrid_spans, rank_groups, span_of, worst
@@ -66,7 +66,8 @@ def test_the_replicas_all_reduce_their_shard_of_the_gradients():
         calls.append((kind, n_bytes, group))
         return 0.0
 
-    zero_traffic_s(coll, 3, 4, (2000.0, 0.0), 1000.0, 0.0, replicas=1 / 8)
+    gathered = gathered_bytes(gather_bytes(_setup()), 1000.0, 1000.0, 0.0)  # 1,000 layer parameters, no experts
+    zero_traffic_s(coll, 3, 4, gathered, 1000.0, 0.0, replicas=1 / 8)
     assert ("reduce_scatter", 4000.0, "dpcp") in calls and ("all_reduce", 500.0, "replica") in calls
     assert ("all_gather", 2000.0, "dpcp") in calls  # the 16-bit weights, gathered for forward and backward
     calls.clear()

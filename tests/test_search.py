@@ -919,8 +919,9 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
     """The search prunes by the cost model's bounds; each must stay below the price of every split
     and recompute count its candidate can take (with the measured kernels, the runtime's TP overlap,
     overlapped expert all-to-alls and the slowest groups priced): random candidates of random small dense and MoE setups on H100,
-    their first and refined bounds against `estimate` on random splits and counts, in bf16 and in
-    fp8 under the runtime's recipes, with gradients reduced in bf16 and weights gathered in fp8."""
+    their first and refined bounds against `estimate` on random splits and counts the runtime runs
+    (the ideal space, torchtitan, Megatron), in bf16 and in fp8 under the runtime's recipes, with
+    gradients reduced in bf16 and weights gathered in fp8 where its record runs them."""
     from planner.search import bounds as bounds_mod
     from planner.search.floors import SAFETY
 
@@ -930,19 +931,21 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
     model = ModelSpec(name="m", layers=layers, hidden=1024, heads=8, kv_heads=int(rng.choice([2, 8])), ffn_hidden=2048,
                       vocab=int(rng.choice([32000, 128000])), ffn_act="swiglu", seq_len=4096, moe=moe)
     setup = TrainingSetup(gpus=int(rng.choice([8, 16])), global_batch=32, seq_len=int(rng.choice([2048, 4096])),
-                          runtime=str(rng.choice(["any", "torchtitan"])))
+                          runtime=str(rng.choice(["any", "torchtitan", "megatron"])))
+    rules = space.RUNTIME_RULES[setup.runtime]
     if rng.random() < 0.5:  # fp8: its quantisation kernels and the fast-accumulating forward GEMMs priced
-        recipes = space.RUNTIME_RULES[setup.runtime].fp8_recipes
-        setup = replace(setup, precision="fp8", fp8_recipe=str(rng.choice([r for r in recipes if r != "mxfp8"])))
-    if setup.runtime == "ideal" and rng.random() < 0.5:  # gradients reduced and buffered in bf16
+        setup = replace(setup, precision="fp8",
+                        fp8_recipe=str(rng.choice([r for r in rules.fp8_recipes if r != "mxfp8"])))
+    # each knob where the runtime's record runs it
+    if "bf16" in rules.grad_reduces and rng.random() < 0.5:  # gradients reduced and buffered in bf16
         setup = replace(setup, grad_reduce="bf16")
-    if setup.precision == "fp8" and setup.runtime == "ideal" and rng.random() < 0.5:
+    if setup.precision == "fp8" and rules.fp8_param_gather and rng.random() < 0.5:
         setup = replace(setup, fp8_param_gather=True)  # the layers' weights gathered in fp8
-    if moe is not None and setup.runtime == "ideal" and rng.random() < 0.5:
+    if moe is not None and rules.ep_overlap and rng.random() < 0.5:
         setup = replace(setup, ep_overlap=True)  # the expert all-to-alls overlapped (--ep-overlap)
-    if moe is not None and setup.runtime == "ideal" and rng.random() < 0.5:
+    if moe is not None and rules.moe_folding and rng.random() < 0.5:
         setup = replace(setup, moe_folding=True)  # expert layers without tensor parallelism
-    found = bounds_mod.bound_all(model, CLUSTER, setup, {}, space.RUNTIME_RULES[setup.runtime])
+    found = bounds_mod.bound_all(model, CLUSTER, setup, {}, rules)
     picks = rng.choice(len(found.bound_s), size=min(12, len(found.bound_s)), replace=False)
     refined, _ = found.refined_s(np.sort(picks))
     for j, tighter in zip(np.sort(picks).tolist(), refined.tolist()):
@@ -950,14 +953,18 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
         s = Strategy(**found.knobs(j), zero=int(found.zero[j]), vpp=v, schedule="interleaved-1f1b" if v > 1 else "1f1b")
         if strategy_problems(s, model, setup):
             continue
-        splits = list(_splits(model.layers, s.pp, s.vpp))
+        # the splits and counts the runtime runs (Megatron: uneven ends only, one count for all)
+        splits = list((_megatron_splits if rules.uneven_split == "ends" else _splits)(model.layers, s.pp, s.vpp))
         for k in rng.choice(len(splits), size=min(3, len(splits)), replace=False).tolist():
             bounds = splits[k]
             counts = None
             if s.recompute == "full":
                 sizes = [sum(b - a for a, b in bounds[i::s.pp]) for i in range(s.pp)]
-                if space.RUNTIME_RULES[setup.runtime].recompute_counts == "all":
+                if rules.recompute_counts == "all":
                     counts = tuple(sizes)  # the only count such a runtime runs: every layer
+                elif rules.recompute_counts == "uniform":
+                    uniform = int(rng.integers(0, max(sizes) + 1))
+                    counts = tuple(min(uniform, n) for n in sizes)
                 else:
                     counts = tuple(int(rng.integers(0, n + 1)) for n in sizes)
             est = estimate(model, CLUSTER, setup, s, bounds=bounds, recompute_layers=counts)
