@@ -247,10 +247,11 @@ def calibrate(runs_file, cluster_name, output):
 @cli.command()
 @_setup_options
 @_strategy_options
-@click.option("--solver", type=click.Choice(["highs", "cbc"]), default="highs", show_default=True,
-              help="ILP solver (HiGHS in process; CBC as a subprocess)")
+@click.option("--solver", type=click.Choice(["exact", "highs", "cbc"]), default="exact", show_default=True,
+              help="how the per-stage recompute counts are chosen: exact (by the problem's structure, no "
+                   "solver), or the same model as an ILP (HiGHS in process; CBC as a subprocess)")
 @click.option("--time-limit", "time_limit_s", type=float, default=10.0, show_default=True,
-              help="seconds per ILP solve")
+              help="seconds per ILP solve (highs, cbc)")
 @click.option("--top", type=click.IntRange(0, 50), default=None,
               help="runners-up to keep  [default: 3; 0 per count of a sweep]")
 @click.option("--ranks", "show_ranks", is_flag=True, help="also list the rank groups of the plan")

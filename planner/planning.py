@@ -150,7 +150,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
 
 
 def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None, precision: str,
-              attention: str, runtime: str, constraints: dict, solver: str = "highs", time_limit_s: float = 10.0,
+              attention: str, runtime: str, constraints: dict, solver: str = "exact", time_limit_s: float = 10.0,
               top: int = 3, progress=None, found: dict | None = None, memory_headroom: float = DEFAULT_HEADROOM,
               options: RunOptions = RunOptions(), per_runtime: bool = True) -> dict:
     """The plan document of the best strategy in the space of `runtime`, or with SUPPORTED in the
@@ -610,7 +610,7 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     notes = [n for j in used for n in _notes(clusters[j], setup, proven_optimal=proven, mfu=mfu[j])]
     union = request["runtime"] == SUPPORTED
     doc = build_plan(model, clusters[best.stage_pool[0]], setup, best.strategy, est, request["constraints"],
-                     {"name": request.get("solver", "highs"), "time_limit_s": request.get("time_limit_s", 10.0)},
+                     {"name": request.get("solver", "exact"), "time_limit_s": request.get("time_limit_s", 10.0)},
                      notes=list(dict.fromkeys(notes)))
     doc["inputs"] = inputs_block(model, cluster, setup, request["constraints"], doc["inputs"]["solver"],
                                  list(TARGETS) if union else None)
@@ -682,7 +682,7 @@ def _shares(model: ModelSpec, cluster: MixedCluster, gpus: int, request: dict, c
     precisions = tuple(pool_precision(p, request["precision"]) for p in cluster.pools)
     return best_shares(model, cluster, gpus, request["global_batch"], precisions,
                        request.get("options", RunOptions()).grad_reduce, setup_of, request["constraints"],
-                       solver=request.get("solver", "highs"), time_limit_s=request.get("time_limit_s", 10.0),
+                       solver=request.get("solver", "exact"), time_limit_s=request.get("time_limit_s", 10.0),
                        cutoff_s=cutoff_s, progress=request.get("progress"))
 
 
@@ -712,7 +712,7 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
     setup = replace(lead.setup, gpus=used, global_batch=batch)
     notes = [n for sh, pool, est in priced for n in _notes(pool.cluster, sh.setup, mfu=est.mfu)]
     doc = build_plan(model, lead_pool.cluster, lead.setup, lead.candidate.strategy, lead_est, request["constraints"],
-                     {"name": request.get("solver", "highs"), "time_limit_s": request.get("time_limit_s", 10.0)},
+                     {"name": request.get("solver", "exact"), "time_limit_s": request.get("time_limit_s", 10.0)},
                      notes=list(dict.fromkeys(notes)))
     doc["inputs"] = inputs_block(model, cluster, setup, request["constraints"], doc["inputs"]["solver"])
     peak = sum(sh.setup.gpus * pool.cluster.gpu.flops(sh.setup.precision) for sh, pool, _ in priced)

@@ -174,7 +174,7 @@ def _objective(options, chosen, m, v):
 
 @settings(max_examples=40, deadline=None)
 @given(p=st.integers(1, 4), n=st.integers(1, 4), m=st.integers(1, 16), v=st.integers(1, 3),
-       seed=st.integers(0, 10**6), solver=st.sampled_from(["highs", "cbc"]))
+       seed=st.integers(0, 10**6), solver=st.sampled_from(["exact", "highs", "cbc"]))
 def test_recompute_ilp_matches_brute_force(p, n, m, v, seed, solver):
     _check_recompute_ilp(p, n, m, v, seed, solver)
 
@@ -195,11 +195,40 @@ def _check_recompute_ilp(p, n, m, v, seed, solver):
     assert result.objective == pytest.approx(best, rel=1e-9)
 
 
-@pytest.mark.parametrize("solver", ["highs", "cbc"])
+@pytest.mark.parametrize("solver", ["exact", "highs", "cbc"])
 def test_recompute_ilp_is_optimal_not_within_a_gap(solver):
     """An instance the property test above once drew: HiGHS with its default MIP gap (1e-4
     relative) stopped at counts 8e-5 worse than the best and called them optimal."""
     _check_recompute_ilp(4, 3, 14, 1, 1900, solver)
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=st.integers(1, 4), n=st.integers(0, 4), m=st.integers(1, 16), v=st.integers(1, 3), seed=st.integers(0, 10**6))
+def test_the_exact_recompute_choice_needs_no_order_in_the_options(p, n, m, v, seed):
+    """The exact choice (by the largest tail) on options whose times and tails follow no order in
+    the count, with ties among them: as good as the best of every count vector."""
+    rng = np.random.default_rng(seed)
+    options = [{r: (float(rng.integers(1, 5)), float(rng.integers(0, 4))) for r in range(n + 1)
+                if rng.uniform() < 0.7 or r == n} for _ in range(p)]
+    best = min(_objective(options, c, m, v) for c in itertools.product(*(sorted(o) for o in options)))
+    result = recompute_ilp(options, m, v, solver="exact")
+    assert result.optimal and result.objective == pytest.approx(best, rel=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(p=st.integers(5, 16), n=st.integers(4, 12), m=st.integers(1, 32), v=st.integers(1, 3), seed=st.integers(0, 10**6))
+def test_the_exact_recompute_choice_equals_highs_beyond_brute_force(p, n, m, v, seed):
+    """Instances too large to enumerate every count vector: the exact choice and HiGHS's ILP
+    reach the same objective."""
+    rng = np.random.default_rng(seed)
+    options = []
+    for _ in range(p):
+        base, step, tail0, drop = rng.uniform(1, 2), rng.uniform(0.05, 0.3), rng.uniform(0, 1), rng.uniform(0, 0.5)
+        options.append({r: (base + r * step, max(0.0, tail0 - r * drop)) for r in range(n + 1)
+                        if rng.uniform() < 0.8 or r == n})
+    exact, highs = recompute_ilp(options, m, v, solver="exact"), recompute_ilp(options, m, v, solver="highs")
+    assert highs.optimal
+    assert exact.objective == pytest.approx(highs.objective, rel=1e-9)
 
 
 def test_recompute_ilp_couples_the_stages():

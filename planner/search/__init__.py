@@ -1,1 +1,1 @@
-"""The strategy search: legal spaces (space), stage split DP (stages), ILPs (ilp), driver."""
+"""The strategy search: legal spaces (space), stage split DP (stages), the recompute-count programme (ilp), driver."""

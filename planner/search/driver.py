@@ -122,7 +122,7 @@ def infeasible_message(result: SearchResult, cluster: Cluster, setup: TrainingSe
 
 
 def search(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict | None = None,
-           solver: str = "highs", time_limit_s: float = 10.0, top: int = 3, progress=None,
+           solver: str = "exact", time_limit_s: float = 10.0, top: int = 3, progress=None,
            found: bounds.Bounds | None = None, space_of: str | None = None,
            outside_s: float = float("inf")) -> SearchResult:
     """Best strategy in the space of search/space.py honouring the `fixed` knobs (`found`: its
@@ -149,7 +149,7 @@ def _constraints(fixed: dict | None) -> dict:
 
 
 def most_conventional(model: ModelSpec, cluster: Cluster, searched: list[tuple[TrainingSetup, SearchResult]],
-                      fixed: dict | None = None, solver: str = "highs", time_limit_s: float = 10.0,
+                      fixed: dict | None = None, solver: str = "exact", time_limit_s: float = 10.0,
                       memo: dict | None = None) -> tuple[int, Candidate, bool] | None:
     """The plan over several searches' spaces (one per setup, in order; the searches' own
     results): the most conventional strategy (space.conventional) within space.TIE_TOLERANCE of

@@ -12,6 +12,13 @@ data-parallel reduction (a lower tail), at the price of sum t / v; choosing each
 cheapest feasible r on its own misses that. With one count (Megatron: one recompute-num-layers
 for every stage) stage i takes min(R, n_i) for one R: a choice of one integer, so every R is
 priced at once and the least taken (uniform_best: exact, no solver).
+
+The model has a structure that solves it exactly without a solver (solver 'exact', the
+default; _recompute_exact): once the largest tail U is fixed, every stage is best off with its
+least t among its options of tail <= U, which lowers max t and sum t at once. The optimum's own
+largest tail is one of the options' tails, and there that choice is no worse than the optimum;
+so the least objective over the distinct tails is the optimum. HiGHS and CBC solve the same
+model as an ILP (`--solver highs|cbc`), within their tolerances and time limit.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import numpy as np
 from planner.cost.pipeline import step_time_s
 from planner.errors import SolverError
 
-SOLVERS = ("highs", "cbc")
+SOLVERS = ("exact", "highs", "cbc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +70,17 @@ def _solve_cbc(prob, time_limit_s: float) -> tuple[dict, bool]:
 
 
 def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: int, vpp: int,
-                  solver: str = "highs", time_limit_s: float = 10.0) -> IlpResult | None:
-    """options[i][r] = (t_i(r), tail_i(r)) for every r that fits stage i; None if a stage has none."""
+                  solver: str = "exact", time_limit_s: float = 10.0) -> IlpResult | None:
+    """options[i][r] = (t_i(r), tail_i(r)) for every r that fits stage i; None if a stage has none.
+    `time_limit_s` bounds the HiGHS and CBC solves (the exact one has no limit to reach)."""
     if any(not o for o in options):
         return None
     if solver not in SOLVERS:
         raise SolverError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
+    if solver == "exact":
+        chosen = _recompute_exact(options, microbatches, vpp)
+        return IlpResult(recompute_layers=chosen, objective=_objective(options, chosen, microbatches, vpp),
+                         optimal=True)
     if solver == "highs":
         chosen, optimal = _recompute_highs(options, microbatches, vpp, time_limit_s)
         return IlpResult(recompute_layers=chosen, objective=_objective(options, chosen, microbatches, vpp),
@@ -89,6 +101,34 @@ def recompute_ilp(options: list[dict[int, tuple[float, float]]], microbatches: i
     chosen = tuple(max((r for r in o if values[x[i, r].name] > 0.5), default=min(o)) for i, o in enumerate(options))
     return IlpResult(recompute_layers=chosen, objective=_objective(options, chosen, microbatches, vpp),
                      optimal=optimal)
+
+
+def _recompute_exact(options, microbatches: int, vpp: int) -> tuple[int, ...]:
+    """recompute_ilp's optimum by its structure (the module's docstring): for every distinct tail
+    U, each stage's least t among its options of tail <= U (ties to the smaller tail, then the
+    smaller count), priced as the objective; the counts of the least, the smallest U among
+    equals. A stage's options sorted by (tail, count) make 'tail <= U' a prefix, whose least t
+    is a running minimum: O(stages x options) per U, all U at once."""
+    per_stage = []
+    for o in options:
+        rs = sorted(o, key=lambda r: (o[r][1], r))
+        t = np.array([o[r][0] for r in rs])
+        tail = np.array([o[r][1] for r in rs])
+        least = np.minimum.accumulate(t)
+        improves = np.concatenate([[True], t[1:] < least[:-1]])
+        at = np.maximum.accumulate(np.where(improves, np.arange(len(rs)), 0))  # where each prefix's least is
+        per_stage.append((np.array(rs), tail, least, at))
+    U = np.unique(np.concatenate([tail for _, tail, _, _ in per_stage]))
+    # stage i under each U: how many of its options have tail <= U (0: none, U infeasible)
+    allowed = np.stack([np.searchsorted(tail, U, side="right") for _, tail, _, _ in per_stage])  # (stages, U)
+    feasible = (allowed > 0).all(axis=0)
+    U, allowed = U[feasible], allowed[:, feasible] - 1
+    pick = np.stack([at[k] for (_, _, _, at), k in zip(per_stage, allowed)])  # option index, (stages, U)
+    t = np.stack([least[k] for (_, _, least, _), k in zip(per_stage, allowed)])
+    tail = np.stack([tl[p] for (_, tl, _, _), p in zip(per_stage, pick)])
+    objective = (microbatches - 1.0 / vpp) * t.max(axis=0) + t.sum(axis=0) / vpp + tail.max(axis=0)
+    best = int(np.argmin(objective))
+    return tuple(int(rs[p[best]]) for (rs, _, _, _), p in zip(per_stage, pick))
 
 
 def _recompute_highs(options, microbatches: int, vpp: int, time_limit_s: float):

@@ -81,7 +81,7 @@ def exchange_s(model: ModelSpec, cluster: MixedCluster, precisions: tuple[str, .
 
 
 def best_shares(model: ModelSpec, cluster: MixedCluster, gpus: int, batch: int, precisions: tuple[str, ...],
-                grad_reduce: str, setup_of: Callable[[int, int, int], TrainingSetup], fixed: dict, solver: str = "highs",
+                grad_reduce: str, setup_of: Callable[[int, int, int], TrainingSetup], fixed: dict, solver: str = "exact",
                 time_limit_s: float = 10.0, cutoff_s: float = float("inf"), progress=None) -> SharesResult | None:
     """The fastest plan over several pools (module docstring) of `gpus` GPUs and global batch
     `batch` whose step is below `cutoff_s`, or None. `precisions`: each pool's (its setups');
