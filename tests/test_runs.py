@@ -115,7 +115,7 @@ def test_no_fitted_efficiency_ends_at_its_bound():
     from planner.validate import summary, validate
 
     doc = summary(validate(load_runs(BUNDLED), loso=False))
-    assert set(doc["efficiencies"]) == {"dgx-a100-80g", "dgx-h100"}
+    assert set(doc["efficiencies"]) == {"dgx-a100-80g", "dgx-b200", "dgx-h100"}
     for name, e in doc["efficiencies"].items():
         assert e["fitted"] and e["at_bound"] == [], name
 
