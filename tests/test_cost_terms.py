@@ -315,7 +315,9 @@ def test_a_runtime_runs_the_kernel_its_record_names():
     assert kernel(h100, "megatron") == "cudnn"  # Transformer Engine's fused attention on Hopper
     assert kernel(h100, "torchtitan") == "fa2"  # PyTorch SDPA's flash backend
     assert kernel(a100, "megatron") == "fa2"  # no cuDNN table for A100
-    assert kernel(load_cluster("dgx-b200"), "megatron") is None  # no tables: the core priced as a GEMM
+    b200 = load_cluster("dgx-b200")  # cudnn-frontend's B200 SDPA benchmark: cuDNN and FlashAttention-2 tables
+    assert kernel(b200, "megatron") == "cudnn" and kernel(b200, "torchtitan") == "fa2"
+    assert kernel(load_cluster("l40s-pcie-8"), "megatron") is None  # no tables: the core priced as a GEMM
 
 
 def test_tensor_parallel_overlap_hides_collectives_up_to_the_gemms():
