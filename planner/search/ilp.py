@@ -1,6 +1,6 @@
-"""Integer programmes for coupled discrete choices, solved in process by HiGHS (highspy, the model
-built as arrays) or by CBC through pulp (`--solver cbc`, a subprocess per solve), one model in two
-forms.
+"""Integer programmes for coupled discrete choices: solved exactly by their structure where it
+allows (`--solver exact`, the default, below), or in process by HiGHS (highspy, the model built as
+arrays) or by CBC through pulp (`--solver cbc`, a subprocess per solve), one model in two forms.
 
 recompute_ilp: how many layers of each pipeline stage recompute fully. With x[i, r] = 1 when
 stage i recomputes r layers (one-hot per stage; r ranging over the values that fit in memory),
