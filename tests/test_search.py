@@ -231,6 +231,20 @@ def test_the_exact_recompute_choice_equals_highs_beyond_brute_force(p, n, m, v, 
     assert exact.objective == pytest.approx(highs.objective, rel=1e-9)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6))
+def test_the_vectorised_step_time_prices_each_row_as_step_time_s_does(seed):
+    """pipeline.step_times_s, which the recompute choices and Megatron's layouts rank by, gives
+    every row exactly the float pipeline.step_time_s gives it (the stages summed in order)."""
+    from planner.cost.pipeline import step_time_s, step_times_s
+    rng = np.random.default_rng(seed)
+    rows, stages = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+    m, v = int(rng.integers(1, 33)), int(rng.integers(1, 4))
+    times, tails = rng.uniform(0.1, 3.0, (rows, stages)), rng.uniform(0.0, 1.0, (rows, stages))
+    steps = step_times_s(times, tails, m, v)
+    assert steps.tolist() == [step_time_s(t.tolist(), u.tolist(), m, v) for t, u in zip(times, tails)]
+
+
 def test_recompute_ilp_couples_the_stages():
     """Stage 0 alone would recompute nothing (cheapest time); recomputing one layer there hides
     its data-parallel reduction (tail 0.5 -> 0.1) at no bottleneck cost: the ILP takes it."""

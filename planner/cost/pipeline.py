@@ -72,6 +72,17 @@ def step_time_s(stage_times_s: list[float], tails_s: list[float], microbatches: 
     return pipeline_time_s(stage_times_s, microbatches, vpp)[0] + max(tails_s)
 
 
+def step_times_s(times_s: np.ndarray, tails_s: np.ndarray, microbatches: int, vpp: int) -> np.ndarray:
+    """step_time_s of many candidates at once: `times_s` and `tails_s` are (candidates, stages)
+    arrays, each row's stages summed in order as step_time_s sums them (so a row prices to the
+    same float). An inf time gives inf (or nan, which callers mask)."""
+    worst, total = times_s.max(axis=1), times_s[:, 0].copy()
+    for i in range(1, times_s.shape[1]):
+        total += times_s[:, i]
+    with np.errstate(invalid="ignore"):  # inf - inf where a stage cannot take a candidate
+        return microbatches * worst + (total - worst) / vpp + tails_s.max(axis=1)
+
+
 def in_flight(stage, pp: int, microbatches: int, vpp: int):
     """Micro-batches of the whole stage whose activations stage `stage` (an int or an array of
     them) holds at its peak; pp, microbatches and vpp may be arrays too."""

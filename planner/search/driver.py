@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import memory
-from planner.cost.pipeline import chunk_arrays, even_chunks, split_layers, step_time_s
+from planner.cost.pipeline import chunk_arrays, even_chunks, split_layers, step_time_s, step_times_s
 from planner.cost.step import (
     StepEstimate,
     estimate,
@@ -772,11 +772,7 @@ def _ends_layouts(prof, rules) -> _Layouts | None:
     cells = (keys // (L + 1) ** 2, keys // (L + 1) % (L + 1), keys % (L + 1))
     t, tail, ok = (x[:, 0][index.ravel()].reshape(starts.shape) for x in _range_terms(prof, rules, *cells))
     fits = ok.all(axis=1)
-    # pipeline.step_time_s of every layout, summed stage by stage as it sums them
-    worst, total = t.max(axis=1), t[:, 0].copy()
-    for q in range(1, p):
-        total += t[:, q]
-    steps = np.where(fits, prof.microbatches * worst + (total - worst) / 1 + tail.max(axis=1), np.inf)
+    steps = np.where(fits, step_times_s(t, tail, prof.microbatches, 1), np.inf)
     return _Layouts(steps=steps, first=f, middle=k, layers=L, pp=p)
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost.pipeline import step_time_s
+from planner.cost.pipeline import step_time_s, step_times_s
 from planner.errors import SolverError
 
 SOLVERS = ("exact", "highs", "cbc")
@@ -126,8 +126,7 @@ def _recompute_exact(options, microbatches: int, vpp: int) -> tuple[int, ...]:
     pick = np.stack([at[k] for (_, _, _, at), k in zip(per_stage, allowed)])  # option index, (stages, U)
     t = np.stack([least[k] for (_, _, least, _), k in zip(per_stage, allowed)])
     tail = np.stack([tl[p] for (_, tl, _, _), p in zip(per_stage, pick)])
-    objective = (microbatches - 1.0 / vpp) * t.max(axis=0) + t.sum(axis=0) / vpp + tail.max(axis=0)
-    best = int(np.argmin(objective))
+    best = int(np.argmin(step_times_s(t.T, tail.T, microbatches, vpp)))
     return tuple(int(rs[p[best]]) for (rs, _, _, _), p in zip(per_stage, pick))
 
 
@@ -189,11 +188,7 @@ def uniform_best(times, tails, allowed, microbatches: int, vpp: int, uniform) ->
     if not ok.any():
         return None
     t, tail = np.asarray(times)[stages, chosen], np.asarray(tails)[stages, chosen]
-    worst, total = t.max(axis=1), t[:, 0].copy()
-    for i in range(1, len(uniform)):
-        total += t[:, i]
-    with np.errstate(invalid="ignore"):  # inf - inf where a count is not allowed: not taken
-        steps = np.where(ok, microbatches * worst + (total - worst) / vpp + tail.max(axis=1), np.inf)
+    steps = np.where(ok, step_times_s(t, tail, microbatches, vpp), np.inf)  # a count not allowed: not taken
     best = int(np.argmin(steps))  # the least R among equals
     return IlpResult(recompute_layers=tuple(int(r) for r in chosen[best]), objective=float(steps[best]), optimal=True)
 
