@@ -179,7 +179,10 @@ def estimate(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, att
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document on stdout")
 @click.option("--save-residuals", "residuals_file", type=click.Path(dir_okay=False),
               help="write the out-of-sample errors (the plans' bands read planner/data/residuals.json)")
-def validate(runs_file, no_loso, with_plans, as_json, residuals_file):
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
+              help="draw predicted against published step times, the checks' errors in their bands and the "
+                   "memory peaks to FILE.png or FILE.svg (needs the plot extra)")
+def validate(runs_file, no_loso, with_plans, as_json, residuals_file, plot_file):
     """Predicted vs published step times: per-run error, MAPE, leave-one-source-out.
 
     Without --runs: the bundled calibration set, then the bundled out-of-sample checks."""
@@ -191,6 +194,9 @@ def validate(runs_file, no_loso, with_plans, as_json, residuals_file):
     from planner.validate import summary
     from planner.validate import validate as run_validation
 
+    if plot_file:  # refuse a plot it cannot draw before the refits run
+        from planner.plots import plot_format
+        suffix = plot_format(plot_file)
     runs = load_runs(runs_file)
     checks = [] if runs_file else load_runs(CHECKS)
     with report.progress("validating") as step:
@@ -205,6 +211,11 @@ def validate(runs_file, no_loso, with_plans, as_json, residuals_file):
         click.echo(json.dumps(doc, indent=2))
     else:
         report.validation_table(doc)
+    if plot_file:
+        from planner.plan import write_atomic
+        from planner.plots import validation_figure
+        write_atomic(plot_file, validation_figure(doc, suffix))
+        report.err.print(f"plot written to {plot_file}", markup=False, highlight=False)
 
 
 @cli.command()

@@ -4,6 +4,7 @@ count, one line per cluster and batch, the points on the time-cost front highlig
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from planner.errors import SpecError
 
@@ -12,10 +13,13 @@ FORMATS = ("png", "svg")
 
 def plot_format(path: str) -> str:
     """The format a --plot file asks for ('png' or 'svg'), once matplotlib is known to be
-    there: SpecError naming the suffix or the missing extra, before any work is done."""
+    there and the file's folder exists: SpecError naming the suffix, the missing extra or the
+    folder (as plan.write_atomic words it), before any work is done."""
     suffix = str(path).rsplit(".", 1)[-1].lower() if "." in str(path) else ""
     if suffix not in FORMATS:
         raise SpecError(f"--plot {path}: expected a .png or .svg file")
+    if not Path(path).resolve().parent.is_dir():
+        raise SpecError(f"{path}: cannot write (no such folder)")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -56,6 +60,86 @@ def forecast_figure(doc: dict, fmt: str) -> bytes:
     ax_t.legend(fontsize=8)
     fig.suptitle(f"{doc['inputs']['model']}: time and {'cost' if money else 'GPU-hours'} to train "
                  "(circled: the time-cost front)", fontsize=10)
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format=fmt, dpi=110, metadata={"Software": None} if fmt == "png" else {"Date": None})
+    plt.close(fig)
+    return out.getvalue()
+
+
+def validation_figure(doc: dict, fmt: str) -> bytes:
+    """The figure of a planner.validate/v1 document as `fmt` bytes: predicted against published
+    step times (calibration rows filled, checks hollow, by GPU; the diagonal and the +-25 % a
+    check may miss by), each check's signed error inside its band (the band built without the
+    row's own source; outside it in red), and where rows publish a peak, the predicted peak's
+    error against the -5 % ... +10 % it should stay within."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    checks = doc.get("checks", {}).get("runs", [])
+    memory = [r for r in checks + doc["runs"] if "memory_error" in r]
+    panels = 1 + bool(checks) + bool(memory)
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.6), squeeze=False)
+    ax_t, rest = axes[0][0], list(axes[0][1:])
+
+    gpus = sorted({r.get("gpu", "") for r in doc["runs"] + checks})
+    colour = {g: plt.cm.tab10(i % 10) for i, g in enumerate(gpus)}
+    for rows, filled, label in ((doc["runs"], True, "calibration"), (checks, False, "check")):
+        for g in gpus:
+            pts = [r for r in rows if r.get("gpu", "") == g]
+            if pts:
+                ax_t.scatter([r["derived_step_time_s"] for r in pts], [r["predicted_step_time_s"] for r in pts], s=22,
+                             color=colour[g] if filled else "none", edgecolors=colour[g], linewidths=1.1,
+                             label=f"{g} ({label})")
+    every = [v for r in doc["runs"] + checks for v in (r["derived_step_time_s"], r["predicted_step_time_s"])]
+    lo, hi = min(every) / 1.5, max(every) * 1.5
+    for factor, style in ((1.0, "-"), (1.25, "--"), (0.75, "--")):
+        ax_t.plot([lo, hi], [lo * factor, hi * factor], style, color="grey", lw=0.8)
+    ax_t.set_xscale("log")
+    ax_t.set_yscale("log")
+    ax_t.set_xlim(lo, hi)
+    ax_t.set_ylim(lo, hi)
+    ax_t.set_xlabel("published step time (s)")
+    ax_t.set_ylabel("predicted step time (s)")
+    ax_t.set_title(f"calibration {doc['mape']:.1%} (bias {doc['bias']:+.1%})"
+                   + (f", checks {doc['checks']['mape']:.1%} ({doc['checks']['bias']:+.1%})" if checks else ""),
+                   fontsize=9)
+    ax_t.legend(fontsize=6, ncol=2, loc="lower right")
+    ax_t.grid(True, which="both", alpha=0.3)
+
+    if checks:
+        ax_e = rest.pop(0)
+        ordered = sorted(checks, key=lambda r: r["error"])
+        xs = range(len(ordered))
+        for x, r in zip(xs, ordered):
+            b = r.get("band")
+            if b:
+                ax_e.plot([x, x], [100 * b["low"], 100 * b["high"]], color="lightgrey", lw=2.2, zorder=1)
+        inside = [not r.get("band") or r["band"]["low"] <= r["error"] <= r["band"]["high"] for r in ordered]
+        ax_e.scatter(list(xs), [100 * r["error"] for r in ordered], s=12, zorder=2,
+                     color=["black" if ok else "red" for ok in inside])
+        for y in (-25, 0, 25):
+            ax_e.axhline(y, color="grey", lw=0.8, ls="-" if y == 0 else "--")
+        ax_e.set_xlabel("check rows, by signed error")
+        ax_e.set_ylabel("predicted / published - 1 (%)")
+        ax_e.set_title(f"checks: {doc['checks']['inside_band']:.0%} inside their band (grey), "
+                       f"{doc['checks']['over_25_percent']} over 25 %", fontsize=9)
+        ax_e.grid(True, axis="y", alpha=0.3)
+
+    if memory:
+        ax_m = rest.pop(0)
+        ordered = sorted(memory, key=lambda r: r["memory_error"])
+        ax_m.axvspan(-5, 10, color="lightgrey", alpha=0.6)
+        ax_m.barh(range(len(ordered)), [100 * r["memory_error"] for r in ordered], height=0.6,
+                  color=["black" if -0.05 <= r["memory_error"] <= 0.10 else "red" for r in ordered])
+        ax_m.axvline(0, color="grey", lw=0.8)
+        ax_m.set_yticks(range(len(ordered)))
+        ax_m.set_yticklabels([r["id"] for r in ordered], fontsize=6)
+        ax_m.set_xlabel("predicted / published peak - 1 (%)")
+        ax_m.set_title("memory: peaks should land in -5 % ... +10 % (grey)", fontsize=9)
+        ax_m.grid(True, axis="x", alpha=0.3)
+
     fig.tight_layout()
     out = io.BytesIO()
     fig.savefig(out, format=fmt, dpi=110, metadata={"Software": None} if fmt == "png" else {"Date": None})

@@ -73,7 +73,7 @@ def _rows(priced) -> list[dict]:
     rows = []
     for p in priced:
         est = p.estimate
-        row = {"id": p.run.id, "source": p.run.source, "gpus": p.run.setup.gpus,
+        row = {"id": p.run.id, "source": p.run.source, "gpu": p.run.cluster.gpu.name, "gpus": p.run.setup.gpus,
                "derived_step_time_s": p.run.step_time_s, "predicted_step_time_s": est.step_time_s,
                "error": p.error, "chosen": p.chosen, "fits": est.fits,
                "peak_memory_gib": bytes_to_gib(est.peak_memory_bytes), "mfu": est.mfu,

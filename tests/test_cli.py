@@ -333,6 +333,28 @@ def test_validate_meets_the_error_targets():
     assert all(math.isfinite(r["predicted_step_time_s"]) for r in doc["runs"])
 
 
+def test_validate_draws_its_figure_from_the_document_it_prints(tmp_path):
+    """--plot draws what --json reports (calibration and checks against the diagonal, the checks'
+    errors in their bands, the published memory peaks): a PNG that reads back, and the same
+    document on stdout as without the flag."""
+    import matplotlib.image
+
+    out = tmp_path / "validate.png"
+    result = run("validate", "--no-loso", "--json", "--plot", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(run("validate", "--no-loso", "--json").stdout)
+    image = matplotlib.image.imread(str(out))
+    assert image.shape[0] > 300 and image.shape[1] > 3 * image.shape[0]  # three panels side by side
+
+
+def test_validate_refuses_a_plot_it_cannot_draw_before_pricing(tmp_path):
+    line = one_error_line(run("validate", "--plot", str(tmp_path / "v.pdf")))
+    assert "--plot" in line and ".png or .svg" in line
+    assert not (tmp_path / "v.pdf").exists()
+    result = run("validate", "--plot", str(tmp_path / "no" / "v.png"))
+    assert "no such folder" in one_error_line(result) and result.stdout == ""  # refused before any table
+
+
 def test_calibrate_writes_a_loadable_fitted_cluster(tmp_path):
     out = tmp_path / "c.yaml"
     result = run("calibrate", "--cluster", "dgx-h100", "-o", str(out))
