@@ -60,11 +60,7 @@ def forecast_figure(doc: dict, fmt: str) -> bytes:
     ax_t.legend(fontsize=8)
     fig.suptitle(f"{doc['inputs']['model']}: time and {'cost' if money else 'GPU-hours'} to train "
                  "(circled: the time-cost front)", fontsize=10)
-    fig.tight_layout()
-    out = io.BytesIO()
-    fig.savefig(out, format=fmt, dpi=110, metadata={"Software": None} if fmt == "png" else {"Date": None})
-    plt.close(fig)
-    return out.getvalue()
+    return _bytes(fig, fmt)
 
 
 def validation_figure(doc: dict, fmt: str) -> bytes:
@@ -76,6 +72,8 @@ def validation_figure(doc: dict, fmt: str) -> bytes:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from planner.validate import MEMORY_UNDER, MEMORY_WITHIN, memory_ok
 
     checks = doc.get("checks", {}).get("runs", [])
     memory = [r for r in checks + doc["runs"] if "memory_error" in r]
@@ -130,16 +128,23 @@ def validation_figure(doc: dict, fmt: str) -> bytes:
     if memory:
         ax_m = rest.pop(0)
         ordered = sorted(memory, key=lambda r: r["memory_error"])
-        ax_m.axvspan(-5, 10, color="lightgrey", alpha=0.6)
+        ax_m.axvspan(-100 * MEMORY_UNDER, 100 * MEMORY_WITHIN, color="lightgrey", alpha=0.6)
         ax_m.barh(range(len(ordered)), [100 * r["memory_error"] for r in ordered], height=0.6,
-                  color=["black" if -0.05 <= r["memory_error"] <= 0.10 else "red" for r in ordered])
+                  color=["black" if memory_ok(r["memory_error"]) else "red" for r in ordered])
         ax_m.axvline(0, color="grey", lw=0.8)
         ax_m.set_yticks(range(len(ordered)))
         ax_m.set_yticklabels([r["id"] for r in ordered], fontsize=6)
         ax_m.set_xlabel("predicted / published peak - 1 (%)")
-        ax_m.set_title("memory: peaks should land in -5 % ... +10 % (grey)", fontsize=9)
+        ax_m.set_title(f"memory: peaks should land in -{MEMORY_UNDER:.0%} ... +{MEMORY_WITHIN:.0%} (grey)", fontsize=9)
         ax_m.grid(True, axis="x", alpha=0.3)
 
+    return _bytes(fig, fmt)
+
+
+def _bytes(fig, fmt: str) -> bytes:
+    """A finished figure as `fmt` bytes (no timestamp or software stamp, so a figure of the same
+    document is the same file), the figure closed."""
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     out = io.BytesIO()
     fig.savefig(out, format=fmt, dpi=110, metadata={"Software": None} if fmt == "png" else {"Date": None})
