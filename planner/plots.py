@@ -65,15 +65,15 @@ def forecast_figure(doc: dict, fmt: str) -> bytes:
 
 def validation_figure(doc: dict, fmt: str) -> bytes:
     """The figure of a planner.validate/v1 document as `fmt` bytes: predicted against published
-    step times (calibration rows filled, checks hollow, by GPU; the diagonal and the +-25 % a
-    check may miss by), each check's signed error inside its band (the band built without the
-    row's own source; outside it in red), and where rows publish a peak, the predicted peak's
-    error against the -5 % ... +10 % it should stay within."""
+    step times (calibration rows filled, checks hollow, by GPU; the diagonal and the
+    validate.CHECK_LIMIT a check may miss by), each check's signed error inside its band (the
+    band built without the row's own source; outside it in red), and where rows publish a peak,
+    the predicted peak's error against the window validate.memory_ok keeps."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from planner.validate import MEMORY_UNDER, MEMORY_WITHIN, memory_ok
+    from planner.validate import CHECK_LIMIT, MEMORY_UNDER, MEMORY_WITHIN, memory_ok
 
     checks = doc.get("checks", {}).get("runs", [])
     memory = [r for r in checks + doc["runs"] if "memory_error" in r]
@@ -92,7 +92,7 @@ def validation_figure(doc: dict, fmt: str) -> bytes:
                              label=f"{g} ({label})")
     every = [v for r in doc["runs"] + checks for v in (r["derived_step_time_s"], r["predicted_step_time_s"])]
     lo, hi = min(every) / 1.5, max(every) * 1.5
-    for factor, style in ((1.0, "-"), (1.25, "--"), (0.75, "--")):
+    for factor, style in ((1.0, "-"), (1 + CHECK_LIMIT, "--"), (1 - CHECK_LIMIT, "--")):
         ax_t.plot([lo, hi], [lo * factor, hi * factor], style, color="grey", lw=0.8)
     ax_t.set_xscale("log")
     ax_t.set_yscale("log")
@@ -117,12 +117,12 @@ def validation_figure(doc: dict, fmt: str) -> bytes:
         inside = [not r.get("band") or r["band"]["low"] <= r["error"] <= r["band"]["high"] for r in ordered]
         ax_e.scatter(list(xs), [100 * r["error"] for r in ordered], s=12, zorder=2,
                      color=["black" if ok else "red" for ok in inside])
-        for y in (-25, 0, 25):
+        for y in (-100 * CHECK_LIMIT, 0, 100 * CHECK_LIMIT):
             ax_e.axhline(y, color="grey", lw=0.8, ls="-" if y == 0 else "--")
         ax_e.set_xlabel("check rows, by signed error")
         ax_e.set_ylabel("predicted / published - 1 (%)")
         ax_e.set_title(f"checks: {doc['checks']['inside_band']:.0%} inside their band (grey), "
-                       f"{doc['checks']['over_25_percent']} over 25 %", fontsize=9)
+                       f"{doc['checks']['over_25_percent']} over {CHECK_LIMIT:.0%}", fontsize=9)
         ax_e.grid(True, axis="y", alpha=0.3)
 
     if memory:

@@ -86,6 +86,8 @@ def _rows(priced) -> list[dict]:
     return rows
 
 
+CHECK_LIMIT = 0.25
+"""no out-of-sample check may miss its published step time by more than this (issue 11)"""
 MEMORY_UNDER = 0.05
 MEMORY_WITHIN = 0.10
 """a predicted peak should be within MEMORY_WITHIN of a published one and never more than
@@ -207,7 +209,7 @@ def summary(v: Validation) -> dict:
                 inside += b.contains(p.error)
         doc["checks"] = {**{k: val for k, val in _stats(check_errors).items() if k != "runs"},
                          "equal_source_weight": _equal_weight(sources),
-                         "over_25_percent": sum(abs(e) > 0.25 for e in check_errors),
+                         "over_25_percent": sum(abs(e) > CHECK_LIMIT for e in check_errors),
                          "inside_band": inside / len(rows),
                          "memory": _memory(rows),
                          "subsets": _subsets(v.checks),
