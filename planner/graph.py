@@ -24,6 +24,9 @@ ACT_BYTES = 2
 """bytes of a 16-bit activation element"""
 MASK_BYTES = 1
 """PyTorch keeps dropout masks as bool (1 byte)"""
+FP8_BYTES = 1
+"""bytes of an fp8 element (its per-tensor or per-block scales are left out: 4 bytes a tensor, or
+1 a 32-element block under MXFP8, at most 3 % more)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,9 @@ class Ctx:
     folded: bool = False
     """expert layers without tensor parallelism (MoE parallel folding, TrainingSetup.moe_folding):
     each rank routes its own 1/tp of the tokens to whole experts"""
+    quantised_inputs: bool = False
+    """fp8 GEMM inputs kept for backward as their 1-byte copies (runtimes.RuntimeRules
+    .fp8_saves_quantised under fp8), not in 16 bits"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,21 +334,27 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     (= inputs of the QKV and first MLP GEMMs), two dropout masks. Sharded by tp: Q, K, V, the
     attention output (input of the output projection), the MLP intermediates, and with eager
     attention the softmax output plus dropout mask and output (5*a*s^2*b bytes with dropout).
+    The four GEMM inputs among them (both norm outputs, the attention output, the activation's
+    output; an expert's routed input and its activation's output) take `g` bytes an element: 1
+    where the runtime keeps fp8 runs' quantised copies (ctx.quantised_inputs), else ACT_BYTES.
     """
     if ctx.recompute == "full":
         return Saved(main=ACT_BYTES * rep, aux=0.0)
     d = ctx.dropout > 0
-    main = 4 * ACT_BYTES * rep + (2 * MASK_BYTES * rep if d else 0)
+    g = FP8_BYTES if ctx.quantised_inputs else ACT_BYTES
+    main = 2 * (ACT_BYTES + g) * rep + (2 * MASK_BYTES * rep if d else 0)
     main += ACT_BYTES * tokens * (q_local * layer.d_qk + kv_local * (layer.d_qk + layer.d_v))
-    main += ACT_BYTES * tokens * q_local * layer.d_v
+    main += g * tokens * q_local * layer.d_v
     if not ctx.flash and ctx.recompute != "selective":
         main += score_elems * (ACT_BYTES + ((MASK_BYTES + ACT_BYTES) if d else 0))
-    per_token_mlp = (3 if layer.ffn_act == "swiglu" else 2) * ACT_BYTES
+    # the first GEMM's output (two halves under SwiGLU) in 16 bits, the activation's output (the
+    # second GEMM's input) at g
+    per_token_mlp = (2 if layer.ffn_act == "swiglu" else 1) * ACT_BYTES + g
     main += per_token_mlp * tokens * layer.ffn_width / ctx.tp
     if layer.experts:
         expert_width = layer.expert_linears[1].k
         # routed token copies (expert inputs) and expert outputs kept for the routing-weight gradient
-        main += 2 * ACT_BYTES * expert_tokens * layer.hidden / ctx.tp
+        main += (g + ACT_BYTES) * expert_tokens * layer.hidden / ctx.tp
         main += per_token_mlp * expert_tokens * expert_width / ctx.tp
     stats = (8 if layer.norm == "layernorm" else 4) * 2 * tokens / (ctx.tp if ctx.sp else 1)
     lse = 4 * tokens * q_local if ctx.flash else 0.0

@@ -142,6 +142,15 @@ class RuntimeRules:
     fused CUDA kernel (native_functions.yaml: _fused_rms_norm, CUDA: _fused_rms_norm_cuda)"""
     zero_with_experts: tuple[int, ...] = (0, 1, 2, 3)
     """the ZeRO stages it runs a model with experts in (zeros)"""
+    fp8_saves_quantised: bool = False
+    """whether, under fp8, it keeps each GEMM's input for the weight gradient as the fp8 copy its
+    forward GEMM read (1 byte an element; graph._saved) rather than in 16 bits: Transformer
+    Engine's Linear saves `inputmat` (the fp8 cast, or its fp8 transpose) unless the recipe keeps
+    wgrad in high precision (transformer_engine/pytorch/module/linear.py, _Linear.forward at
+    0004dbd; its 2.x modules save the quantised tensor the same way); torchao's Float8Linear, which
+    torchtitan runs, saves the 16-bit input and casts again in backward
+    (torchao/float8/float8_linear.py matmul_with_hp_or_float8_args: ctx.save_for_backward(input_hp,
+    weight_hp_t))"""
     ends_accounted: bool = False
     """its equal virtual chunks may count the embedding and the loss as a layer each, leaving the
     first and the last chunk one layer short (Megatron's --account-for-embedding-in-pipeline-split
@@ -265,7 +274,8 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                           "the ideal space: no runtime's restrictions (for what-if analysis; no runtime may run "
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                           ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3),
-                          batch_shares=True, pool_stages="any", grad_reduces=("fp32", "bf16"), fp8_param_gather=True),
+                          batch_shares=True, pool_stages="any", grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
+                          fp8_saves_quantised=True),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
@@ -277,7 +287,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
                              # --num-distributed-optimizer-instances (megatron-core parallel_state:
                              # intra-partial groups of dp*cp/instances consecutive dp-cp ranks)
-                             hybrid_zero=(1,)),
+                             hybrid_zero=(1,), fp8_saves_quantised=True),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, layers split evenly (pp divides them), activation checkpointing of "
@@ -331,13 +341,13 @@ RUNTIME_RULES["nanotron"] = RuntimeRules(
     "no expert parallelism within dp (expert_parallel_size multiplies the GPU count), layers split evenly, no "
     "activation recomputation, no FP8; ranks ep, pp, dp, tp outermost first",
     orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16"), recompute_modes=("none",))
-for _name, _note, _recipes in (
+for _name, _note, _recipes, _te in (
         # Composer's amp_fp8 runs Transformer Engine's fp8_autocast with its default DelayedScaling
         ("composer", "MosaicML llm-foundry (FSDP, flash_attn; fp8 through Transformer Engine, delayed scaling)",
-         ("delayed",)),
-        ("other", "a runtime not described here (flash_attn assumed)", FP8_RECIPES)):
+         ("delayed",), True),
+        ("other", "a runtime not described here (flash_attn assumed)", FP8_RECIPES, False)):
     RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True, _note,
-                                        fp8_recipes=_recipes)
+                                        fp8_recipes=_recipes, fp8_saves_quantised=_te)
 
 
 TARGETS = ("megatron", "deepspeed", "torchtitan", "nanotron")

@@ -52,6 +52,41 @@ def test_an_moe_layer_quantises_its_routed_tokens_and_no_norm_feeds_its_mlp():
     assert w.quant_elements[2] == pytest.approx(t * (3 * h + h + 2 * 128 + h) + routed * (2 * 128 + h))
 
 
+def test_a_runtime_keeping_quantised_inputs_saves_each_gemm_input_at_one_byte():
+    """Under fp8 a Transformer Engine runtime keeps every GEMM's input for the weight gradient as
+    its fp8 copy: per layer, both norm outputs (the QKV and first MLP inputs), the attention
+    output and the activation's output (an expert's routed copy and its activation's output too)
+    drop from 2 bytes an element to 1, and nothing else moves; torchao's runtime keeps them in 16
+    bits; full recomputation keeps only the layer input either way."""
+    from planner.runtimes import RUNTIME_RULES
+    from planner.cost.step import layer_ctx
+    assert RUNTIME_RULES["megatron"].fp8_saves_quantised and not RUNTIME_RULES["torchtitan"].fp8_saves_quantised
+    layer = build_layers(SMALL)[0]
+    h, d, a, f = 256, 64, 4, 512
+    for tp, sp in ((1, False), (2, True)):
+        t = 2 * 128
+        plain, quantised = (layer_work(layer, Ctx(micro_batch=2, seq_len=128, tp=tp, sp=sp, quantised_inputs=q)).saved
+                            for q in (False, True))
+        gemm_inputs = 2 * t * h / (tp if sp else 1) + t * a * d / tp + t * f / tp
+        assert plain.main - quantised.main == pytest.approx(gemm_inputs)  # one byte saved an element
+        assert plain.aux == quantised.aux
+        full = [layer_work(layer, Ctx(micro_batch=2, seq_len=128, tp=tp, sp=sp, recompute="full", quantised_inputs=q))
+                for q in (False, True)]
+        assert full[0].saved == full[1].saved
+    moe = ModelSpec(name="moe", layers=2, hidden=256, heads=4, kv_heads=4, ffn_hidden=512, vocab=1000, seq_len=128,
+                    ffn_act="swiglu", norm="rmsnorm", moe=MoeSpec(experts=8, top_k=2, expert_ffn_hidden=128))
+    layer = build_layers(moe)[0]
+    plain, quantised = (layer_work(layer, Ctx(micro_batch=1, seq_len=128, ep=4, quantised_inputs=q)).saved
+                        for q in (False, True))
+    routed = 128 * 2
+    assert plain.main - quantised.main == pytest.approx(2 * 128 * h + 128 * a * d + routed * h + routed * 128)
+    setup = dict(gpus=8, global_batch=8, seq_len=128)
+    for runtime, precision, expected in (("megatron", "fp8", True), ("megatron", "bf16", False),
+                                         ("torchtitan", "fp8", False), ("composer", "fp8", True)):
+        ctx = layer_ctx(SMALL, TrainingSetup(precision=precision, runtime=runtime, **setup), 1, 1, 1, 1, False)
+        assert ctx.quantised_inputs is expected, (runtime, precision)
+
+
 READ, WRITE, AMAX, SCALES = 2.0, 1.0, 2.0, 2 / 32
 """the parts a quantisation kernel moves per element (compute.QUANT_BYTES' docstring): it reads
 the 16-bit tensor, writes one fp8 byte per layout, a per-tensor amax pass reads it once more, a

@@ -374,7 +374,8 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
               sequence_parallel: bool) -> Ctx:
     """The shape one micro-batch takes on one GPU under these degrees (no recomputation)."""
     return Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
-               flash=setup.attention == "flash", dropout=model.dropout, folded=setup.expert_tp(tp, model) < tp)
+               flash=setup.attention == "flash", dropout=model.dropout, folded=setup.expert_tp(tp, model) < tp,
+               quantised_inputs=setup.precision == "fp8" and RUNTIME_RULES[setup.runtime].fp8_saves_quantised)
 
 
 def base_mode(recompute: str) -> str:
