@@ -334,9 +334,12 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     (= inputs of the QKV and first MLP GEMMs), two dropout masks. Sharded by tp: Q, K, V, the
     attention output (input of the output projection), the MLP intermediates, and with eager
     attention the softmax output plus dropout mask and output (5*a*s^2*b bytes with dropout).
-    The four GEMM inputs among them (both norm outputs, the attention output, the activation's
-    output; an expert's routed input and its activation's output) take `g` bytes an element: 1
-    where the runtime keeps fp8 runs' quantised copies (ctx.quantised_inputs), else ACT_BYTES.
+    Where the runtime keeps fp8 runs' GEMM inputs as their quantised copies (ctx.quantised_inputs)
+    those inputs take `g` = FP8_BYTES an element, else ACT_BYTES: both norm outputs (the QKV and
+    first MLP inputs; the norms keep their inputs), the activation's output (the second MLP
+    input), an expert's routed input and its activation's output. The attention output stays in
+    16 bits, since the flash core keeps it for its own backward (D = rowsum(dO * O)); the output
+    projection's fp8 copy of it comes on top (it shares the one 16-bit tensor otherwise).
     """
     if ctx.recompute == "full":
         return Saved(main=ACT_BYTES * rep, aux=0.0)
@@ -344,7 +347,7 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     g = FP8_BYTES if ctx.quantised_inputs else ACT_BYTES
     main = 2 * (ACT_BYTES + g) * rep + (2 * MASK_BYTES * rep if d else 0)
     main += ACT_BYTES * tokens * (q_local * layer.d_qk + kv_local * (layer.d_qk + layer.d_v))
-    main += g * tokens * q_local * layer.d_v
+    main += (ACT_BYTES + (FP8_BYTES if ctx.quantised_inputs else 0)) * tokens * q_local * layer.d_v
     if not ctx.flash and ctx.recompute != "selective":
         main += score_elems * (ACT_BYTES + ((MASK_BYTES + ACT_BYTES) if d else 0))
     # the first GEMM's output (two halves under SwiGLU) in 16 bits, the activation's output (the

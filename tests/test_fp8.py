@@ -54,10 +54,11 @@ def test_an_moe_layer_quantises_its_routed_tokens_and_no_norm_feeds_its_mlp():
 
 def test_a_runtime_keeping_quantised_inputs_saves_each_gemm_input_at_one_byte():
     """Under fp8 a Transformer Engine runtime keeps every GEMM's input for the weight gradient as
-    its fp8 copy: per layer, both norm outputs (the QKV and first MLP inputs), the attention
-    output and the activation's output (an expert's routed copy and its activation's output too)
-    drop from 2 bytes an element to 1, and nothing else moves; torchao's runtime keeps them in 16
-    bits; full recomputation keeps only the layer input either way."""
+    its fp8 copy: per layer, both norm outputs (the QKV and first MLP inputs) and the
+    activation's output (an expert's routed copy and its activation's output too) drop from 2
+    bytes an element to 1; the attention output, which the flash core keeps in 16 bits for its
+    own backward, gains the output projection's 1-byte copy; nothing else moves. torchao's
+    runtime keeps them in 16 bits; full recomputation keeps only the layer input either way."""
     from planner.runtimes import RUNTIME_RULES
     from planner.cost.step import layer_ctx
     assert RUNTIME_RULES["megatron"].fp8_saves_quantised and not RUNTIME_RULES["torchtitan"].fp8_saves_quantised
@@ -67,8 +68,8 @@ def test_a_runtime_keeping_quantised_inputs_saves_each_gemm_input_at_one_byte():
         t = 2 * 128
         plain, quantised = (layer_work(layer, Ctx(micro_batch=2, seq_len=128, tp=tp, sp=sp, quantised_inputs=q)).saved
                             for q in (False, True))
-        gemm_inputs = 2 * t * h / (tp if sp else 1) + t * a * d / tp + t * f / tp
-        assert plain.main - quantised.main == pytest.approx(gemm_inputs)  # one byte saved an element
+        fed = 2 * t * h / (tp if sp else 1) + t * f / tp  # one byte saved an element
+        assert plain.main - quantised.main == pytest.approx(fed - t * a * d / tp)  # and one added
         assert plain.aux == quantised.aux
         full = [layer_work(layer, Ctx(micro_batch=2, seq_len=128, tp=tp, sp=sp, recompute="full", quantised_inputs=q))
                 for q in (False, True)]
@@ -79,7 +80,7 @@ def test_a_runtime_keeping_quantised_inputs_saves_each_gemm_input_at_one_byte():
     plain, quantised = (layer_work(layer, Ctx(micro_batch=1, seq_len=128, ep=4, quantised_inputs=q)).saved
                         for q in (False, True))
     routed = 128 * 2
-    assert plain.main - quantised.main == pytest.approx(2 * 128 * h + 128 * a * d + routed * h + routed * 128)
+    assert plain.main - quantised.main == pytest.approx(2 * 128 * h - 128 * a * d + routed * h + routed * 128)
     setup = dict(gpus=8, global_batch=8, seq_len=128)
     for runtime, precision, expected in (("megatron", "fp8", True), ("megatron", "bf16", False),
                                          ("torchtitan", "fp8", False), ("composer", "fp8", True)):
