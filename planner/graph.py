@@ -337,9 +337,10 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     Where the runtime keeps fp8 runs' GEMM inputs as their quantised copies (ctx.quantised_inputs)
     those inputs take `g` = FP8_BYTES an element, else ACT_BYTES: both norm outputs (the QKV and
     first MLP inputs; the norms keep their inputs), the activation's output (the second MLP
-    input), an expert's routed input and its activation's output. The attention output stays in
-    16 bits, since the flash core keeps it for its own backward (D = rowsum(dO * O)); the output
-    projection's fp8 copy of it comes on top (it shares the one 16-bit tensor otherwise).
+    input), an expert's routed input and its activation's output. A flash core keeps the attention
+    output in 16 bits for its own backward (D = rowsum(dO * O)), so the output projection's fp8
+    copy of it comes on top (it shares the one 16-bit tensor otherwise; eager attention keeps only
+    that copy).
     """
     if ctx.recompute == "full":
         return Saved(main=ACT_BYTES * rep, aux=0.0)
@@ -347,7 +348,8 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     g = FP8_BYTES if ctx.quantised_inputs else ACT_BYTES
     main = 2 * (ACT_BYTES + g) * rep + (2 * MASK_BYTES * rep if d else 0)
     main += ACT_BYTES * tokens * (q_local * layer.d_qk + kv_local * (layer.d_qk + layer.d_v))
-    main += (ACT_BYTES + (FP8_BYTES if ctx.quantised_inputs else 0)) * tokens * q_local * layer.d_v
+    kept_by_core = ACT_BYTES if ctx.flash else 0  # eager attention's backward needs its probabilities, not O
+    main += (kept_by_core + g if ctx.quantised_inputs else ACT_BYTES) * tokens * q_local * layer.d_v
     if not ctx.flash and ctx.recompute != "selective":
         main += score_elems * (ACT_BYTES + ((MASK_BYTES + ACT_BYTES) if d else 0))
     # the first GEMM's output (two halves under SwiGLU) in 16 bits, the activation's output (the

@@ -81,6 +81,9 @@ def test_a_runtime_keeping_quantised_inputs_saves_each_gemm_input_at_one_byte():
                         for q in (False, True))
     routed = 128 * 2
     assert plain.main - quantised.main == pytest.approx(2 * 128 * h - 128 * a * d + routed * h + routed * 128)
+    layer = build_layers(SMALL)[0]
+    eager = [layer_work(layer, Ctx(micro_batch=1, seq_len=128, flash=False, quantised_inputs=q)).saved for q in (False, True)]
+    assert eager[0].main - eager[1].main == pytest.approx(2 * 128 * h + 128 * f + 128 * a * d)  # O kept only as fp8
     setup = dict(gpus=8, global_batch=8, seq_len=128)
     for runtime, precision, expected in (("megatron", "fp8", True), ("megatron", "bf16", False),
                                          ("torchtitan", "fp8", False), ("composer", "fp8", True)):
