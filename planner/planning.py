@@ -57,7 +57,7 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
            attention: str, runtime: str, memory_headroom: float, options: RunOptions = RunOptions()) -> TrainingSetup:
     """The training setup of a request (the model's sequence length unless one is given), after
     checking that the GPU count fills whole nodes."""
-    check_gpu_count(gpus, cluster.gpus_per_node)
+    check_gpu_count(gpus, *cluster.count_unit)
     runtime = record_name(runtime)
     if runtime in RUNTIME_RULES and (refused := model_refusal(runtime, model)):
         raise SpecError(refused)

@@ -590,6 +590,20 @@ def test_megatron_launch_script_runs_the_arguments_on_every_node(plans, tmp_path
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in export(no_tp, "megatron", "launch")
 
 
+def test_a_gb200_launch_runs_one_process_per_gpu_of_each_tray():
+    """GB200 NVL72 prices 72 GPUs as one NVLink domain, but a host is a compute tray of 4: a job
+    takes whole trays (128 GPUs: 32 of them; 130 is refused naming the tray) and its launch runs 4
+    processes on each of them, as torchrun on a tray can."""
+    from planner.errors import SpecError
+    cluster = load_cluster("gb200-nvl72")
+    knobs = {"tp": 1, "pp": 1, "dp": 128, "micro_batch": 1, "zero": 1, "recompute": "none"}
+    plan = make_plan(load_model("llama3-8b"), cluster, 128, 128, 8192, "bf16", "flash", "megatron", knobs, top=0)
+    assert plan["inputs"]["cluster"]["gpus_per_host"] == 4
+    assert "torchrun --nproc-per-node 4 --nnodes 32 " in export(plan, "megatron", "launch")
+    with pytest.raises(SpecError, match="whole hosts of 4 GPUs"):
+        make_plan(load_model("llama3-8b"), cluster, 130, 130, 8192, "bf16", "flash", "megatron", {}, top=0)
+
+
 @pytest.mark.parametrize("m", TORCHTITAN_MODELS, ids=lambda m: m.flavor)
 def test_torchtitan_flavors_are_the_models_torchtitan_builds(m):
     """The capability record's llama3 flavors have the shapes torchtitan's own model code builds."""

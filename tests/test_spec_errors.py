@@ -144,6 +144,16 @@ def test_inline_gpu_cluster_without_efficiency_gets_family_default(tmp_path):
     assert cluster.efficiency.source == "default (hopper)"
 
 
+def test_hosts_must_tile_a_node(tmp_path):
+    """gpus_per_host (a node, the NVLink domain, spanning several hosts) must divide the node."""
+    path = write(tmp_path, "hosts.yaml", CLUSTER.replace("gpus_per_node: 8", "gpus_per_node: 8\ngpus_per_host: 3"))
+    message = spec_error(load_cluster, path)
+    assert str(path) in message and "gpus_per_host" in message and "divisor of gpus_per_node (8)" in message
+    fine = load_cluster(str(write(tmp_path, "fine.yaml", CLUSTER.replace("gpus_per_node: 8", "gpus_per_node: 8\ngpus_per_host: 4"))))
+    assert fine.count_unit == (4, "hosts") and load_cluster(str(write(tmp_path, "m.yaml", CLUSTER))).count_unit == (8, "nodes")
+    assert "gpus_per_host" not in load_cluster(str(write(tmp_path, "m2.yaml", CLUSTER))).to_dict()  # plans unchanged
+
+
 def test_unknown_key_in_intra_node(tmp_path):
     path = write(tmp_path, "typo.yaml", CLUSTER.replace("latency_us: 3}", "latncy_us: 3}"))
     message = spec_error(load_cluster, path)

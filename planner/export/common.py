@@ -304,7 +304,8 @@ def launch_nodes(plan: dict, v: PlanView) -> tuple[int, int, set, list[str]]:
     stages on one pool takes the next node ranks, first stage first."""
     cluster = plan["inputs"]["cluster"]
     if not v.stage_pools:
-        per_node = min(int(cluster["gpus_per_node"]), v.gpus)
+        # one process per GPU of each host: a node that spans hosts (gpus_per_host) launches per host
+        per_node = min(int(cluster.get("gpus_per_host") or cluster["gpus_per_node"]), v.gpus)
         return per_node, v.gpus // per_node, {cluster.get("gpu", {}).get("family", "")}, []
     pools = {p["name"]: p["cluster"] for p in cluster["pools"]}
     runs: list[list] = []

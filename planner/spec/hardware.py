@@ -149,12 +149,27 @@ class Cluster:
     """what one GPU-hour costs on this cluster (any currency; forecast's cost), None: not given"""
     pue: float | None = None
     """power usage effectiveness of its data centre (forecast's energy: GPU power x PUE), None: 1"""
+    gpus_per_host: int | None = None
+    """GPUs of one host (one OS, one torchrun) where a node, the NVLink domain the cost model
+    prices, spans several hosts (GB200 NVL72: 18 compute trays of 4); None: the node is one host.
+    A job takes whole hosts, and a launch runs one process per GPU of each host."""
+
+    @property
+    def host_gpus(self) -> int:
+        """GPUs of one host: gpus_per_host, else the node's."""
+        return self.gpus_per_host or self.gpus_per_node
+
+    @property
+    def count_unit(self) -> tuple[int, str]:
+        """(GPUs, name) of what a GPU count above one of them must fill whole: its hosts where a
+        node spans several, else its nodes."""
+        return self.host_gpus, "hosts" if self.gpus_per_host else "nodes"
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "gpu": self.gpu.to_dict(), "gpus_per_node": self.gpus_per_node,
              "intra_node": self.intra_node.to_dict(), "inter_node": self.inter_node.to_dict(),
              "efficiency": asdict(self.efficiency), "source": self.source}
-        for key in ("price_per_gpu_hour", "pue"):
+        for key in ("price_per_gpu_hour", "pue", "gpus_per_host"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
         return d
@@ -177,7 +192,11 @@ class Cluster:
                       intra_node=LinkTier.from_fields(intra), inter_node=LinkTier.from_fields(inter),
                       efficiency=_efficiency(eff, gpu), source=f.str("source", ""),
                       price_per_gpu_hour=f.float("price_per_gpu_hour", None, positive=False),
-                      pue=f.float("pue", None, minimum=1.0, positive=False))
+                      pue=f.float("pue", None, minimum=1.0, positive=False),
+                      gpus_per_host=f.int("gpus_per_host", None))
+        if cluster.gpus_per_host is not None and cluster.gpus_per_node % cluster.gpus_per_host:
+            raise f.error("gpus_per_host", f"expected a divisor of gpus_per_node ({cluster.gpus_per_node}): a node "
+                                           f"(NVLink domain) is whole hosts, got {cluster.gpus_per_host}")
         f.reject_unknown()
         return cluster
 

@@ -50,6 +50,11 @@ class MixedCluster:
         """The step of a GPU-count range on this cluster: every pool's node size divides it."""
         return math.lcm(*(p.cluster.gpus_per_node for p in self.pools))
 
+    @property
+    def count_unit(self) -> tuple[int, str]:
+        """What a GPU count on this cluster must fill whole (Cluster.count_unit): its nodes."""
+        return self.gpus_per_node, "nodes"
+
     def describe(self) -> str:
         return " + ".join(f"{p.name}: {p.gpus} x {p.cluster.gpu.name}" for p in self.pools)
 

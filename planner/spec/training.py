@@ -331,18 +331,21 @@ def resolve_strategy(fixed: dict, setup: TrainingSetup) -> Strategy:
     return Strategy(**knobs)
 
 
-def check_gpu_count(gpus: int, gpus_per_node: int) -> None:
-    """Below one node any count is a partial node; above one node it must fill whole nodes."""
+def check_gpu_count(gpus: int, gpus_per_node: int, unit: str = "nodes") -> None:
+    """Below one node any count is a partial node; above one node it must fill whole nodes
+    (`gpus_per_node` and `unit` as Cluster.count_unit gives them: hosts where a node spans
+    several)."""
     if gpus > gpus_per_node and gpus % gpus_per_node:
         lower = gpus // gpus_per_node * gpus_per_node
-        raise SpecError(f"--gpus {gpus} does not fill whole nodes of {gpus_per_node} GPUs "
+        raise SpecError(f"--gpus {gpus} does not fill whole {unit} of {gpus_per_node} GPUs "
                         f"(nearest: {lower} or {lower + gpus_per_node})")
 
 
-def parse_gpu_counts(text: str, gpus_per_node: int, limit: int = MAX_SWEEP_COUNTS) -> list[int]:
+def parse_gpu_counts(text: str, gpus_per_node: int, limit: int = MAX_SWEEP_COUNTS, unit: str = "nodes") -> list[int]:
     """'512', '512,1024,2048', '512-4096' (every whole-node count in the range) or '64-8192:x2'
     (LO, then each count times the factor, up to HI: a purchase sweep), each at most MAX_GPUS, at
-    most `limit` of them (both checked before any list is built)."""
+    most `limit` of them (both checked before any list is built); `gpus_per_node` and `unit` as
+    check_gpu_count's."""
     try:
         if ":x" in text:
             span, factor = text.split(":x", 1)
@@ -377,7 +380,7 @@ def parse_gpu_counts(text: str, gpus_per_node: int, limit: int = MAX_SWEEP_COUNT
                         "range (64-8192:x2)") from None
     if not counts or min(counts) < 1:
         raise SpecError(f"--gpus {text!r}: no positive GPU count in it" if "-" not in text else
-                        f"--gpus {text!r}: no count in it fills whole nodes of {gpus_per_node} GPUs")
+                        f"--gpus {text!r}: no count in it fills whole {unit} of {gpus_per_node} GPUs")
     _check_gpus(text, max(counts))
     return counts
 
