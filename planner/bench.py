@@ -98,8 +98,7 @@ def measure(args: str) -> None:
     runtime = rest[0] if rest else "ideal"
     model = depth_model(int(model_ref.split(":")[1])) if model_ref.startswith("deep:") else load_model(model_ref)
     cluster = load_cluster(cluster_ref)
-    unit_gpus, unit = cluster.count_unit
-    counts = parse_gpu_counts(gpus, unit_gpus, unit=unit)
+    counts = parse_gpu_counts(gpus, *cluster.count_unit)
     start = time.perf_counter()
     if len(counts) == 1 and (runtime == SUPPORTED or isinstance(cluster, MixedCluster)):
         try:

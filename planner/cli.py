@@ -283,8 +283,7 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
 
     model = load_model(model_ref)
     cluster = load_cluster(cluster_ref)
-    unit_gpus, unit = cluster.count_unit
-    counts = parse_gpu_counts(gpus, unit_gpus, unit=unit)
+    counts = parse_gpu_counts(gpus, *cluster.count_unit)
     constraints = {k: v for k, v in knobs.items() if v is not None}
     one_count = len(counts) == 1  # '8', '8,8' or '8-8': one plan, not a sweep of one
     if top is None:

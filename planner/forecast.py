@@ -389,8 +389,7 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
         configurations = [[(b, seq, inputs.steps if inputs.steps is not None else steps_for(inputs.tokens, b, seq))]
                           for b in global_batches]
     for cluster in clusters:
-        unit_gpus, unit = cluster.count_unit
-        counts = parse_gpu_counts(gpus, unit_gpus, unit=unit)
+        counts = parse_gpu_counts(gpus, *cluster.count_unit)
         for phases in configurations:
             per_phase = []
             for batch, seq, _ in phases:

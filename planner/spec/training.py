@@ -341,7 +341,7 @@ def check_gpu_count(gpus: int, gpus_per_node: int, unit: str = "nodes") -> None:
                         f"(nearest: {lower} or {lower + gpus_per_node})")
 
 
-def parse_gpu_counts(text: str, gpus_per_node: int, limit: int = MAX_SWEEP_COUNTS, unit: str = "nodes") -> list[int]:
+def parse_gpu_counts(text: str, gpus_per_node: int, unit: str = "nodes", limit: int = MAX_SWEEP_COUNTS) -> list[int]:
     """'512', '512,1024,2048', '512-4096' (every whole-node count in the range) or '64-8192:x2'
     (LO, then each count times the factor, up to HI: a purchase sweep), each at most MAX_GPUS, at
     most `limit` of them (both checked before any list is built); `gpus_per_node` and `unit` as
