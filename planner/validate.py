@@ -63,7 +63,9 @@ def validate(runs: list[Run], loso: bool = True, checks: list[Run] = (), plans: 
             if progress:
                 progress(k, len(jobs), f"refitting {gpu} without {source}")
             train = [r for s, rs in by_gpu[gpu].items() if s != source for r in rs]
-            result = fit(train, start=train[0].cluster.efficiency)
+            # from the family's unfitted defaults, not the shipped fit: that one saw the source
+            # held out, and whatever the rest cannot fit would keep its values
+            result = fit(train)
             held.extend((source, price_run(r, result.efficiency)) for r in by_gpu[gpu][source])
     return Validation(priced=priced, loso=tuple(held) if loso else None,
                       checks=tuple(price_run(r) for r in checks), plans=tuple(searched))
