@@ -43,7 +43,7 @@ class Efficiency:
     PARAMETERS = ("framework_fraction", "dp_overlap_fraction")
     BOUNDS = {"framework_fraction": (0.5, 1.0), "dp_overlap_fraction": (0.0, 1.0)}
     """physical ranges: a training loop cannot run its kernels faster than they run alone (1), and
-    0.5 is a floor wide enough that no fit comes near it (H100 0.76, A100 0.91); an overlap hides
+    0.5 is a floor wide enough that no fit comes near it (H100 0.77, A100 0.91); an overlap hides
     between none and all of what it overlaps"""
 
     def __post_init__(self) -> None:
