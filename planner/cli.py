@@ -11,7 +11,7 @@ from planner import __version__
 from planner.errors import PlannerError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
 from planner.runtimes import OLDER_VERSIONS, RUNTIME_RULES, TARGETS
-from planner.spec.training import DEFAULT_HEADROOM, FP8_RECIPES, GRAD_REDUCES
+from planner.spec.training import DEFAULT_HEADROOM, FP8_RECIPES, GRAD_REDUCES, LOSS_FUSIONS
 
 
 _DEGREE = click.IntRange(1, MAX_GPUS)
@@ -70,17 +70,18 @@ def _setup_options(f):
 
 
 def _run_options(f):
-    """The MoE, fp8-recipe and gradient-reduction flags, handed to the command as one `options`
+    """The MoE, fp8-recipe, gradient-reduction and loss-fusion flags, handed to the command as one `options`
     (RunOptions)."""
     import functools
 
     from planner.spec.training import RunOptions
 
     @functools.wraps(f)
-    def command(*args, moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather, **kwargs):
+    def command(*args, moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather, loss_fusion,
+                **kwargs):
         return f(*args, options=RunOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding,
                                            fp8_recipe=fp8_recipe or "", grad_reduce=grad_reduce or "",
-                                           fp8_param_gather=fp8_param_gather),
+                                           fp8_param_gather=fp8_param_gather, loss_fusion=loss_fusion or ""),
                  **kwargs)
 
     opts = [
@@ -106,6 +107,10 @@ def _run_options(f):
         click.option("--fp8-param-gather", is_flag=True, default=False,
                      help="fp8 runs: keep the layers' weights in fp8 and all-gather them so, 1 byte a parameter "
                           "(Megatron's --fp8-param-gather, with the distributed optimizer)"),
+        click.option("--loss-fusion", type=click.Choice(list(LOSS_FUSIONS)), default=None,
+                     help="a fused cross-entropy loss (Megatron's --cross-entropy-loss-fusion with "
+                          "--cross-entropy-fusion-impl native or te): its traffic and memory on the last stage "
+                          "are priced  [default: the runtime's own loss]"),
     ]
     for opt in reversed(opts):
         command = opt(command)

@@ -450,7 +450,8 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
     # forecasts made before these knobs read alike
     given = {k: True for k, on in (("ep_overlap", options.ep_overlap), ("moe_folding", options.folding),
                                    ("fp8_param_gather", options.fp8_param_gather)) if on}
-    for key, value in (("fp8_recipe", options.fp8_recipe), ("grad_reduce", options.grad_reduce)):
+    for key, value in (("fp8_recipe", options.fp8_recipe), ("grad_reduce", options.grad_reduce),
+                       ("loss_fusion", options.loss_fusion)):
         if value:
             given[key] = value
     return {"schema": SCHEMA, "planner_version": __version__,

@@ -420,6 +420,32 @@ cross entropy in fp32: cast (2+4), max (4), subtract (4+4), exp (4+4), sum (4), 
 backward: softmax - one-hot (4+4), scale by the loss gradient (4+4), cast back (4+2)"""
 
 
+@dataclass(frozen=True, slots=True)
+class LossKernel:
+    """What a fused cross-entropy loss (spec/training.LOSS_FUSIONS) moves and keeps per logit."""
+
+    traffic_bytes: float
+    """HBM traffic per logit element, forward and backward (in place of LOGIT_RW_BYTES)"""
+    peak_bytes: float
+    """bytes per logit element held at the loss's peak (in place of the runtime's
+    runtimes.RuntimeRules.loss_bytes_per_logit)"""
+
+
+LOSSES = {
+    # megatron-core 0.16.0 fusions/fused_cross_entropy.py: four torch.compile'd steps (jit_fuser),
+    # each one pass over the logits: the fp32 copy and its max (2 + 4), subtract the max and exp
+    # in place with the row sums (4 + 4), normalise in place (4 + 4); backward: scale the softmax
+    # by the loss gradient in place and cast to bf16 (4 + 4 + 2). It keeps what the unfused loss
+    # keeps: the bf16 logits beside their fp32 copy, the softmax in place (6)
+    "native": LossKernel(traffic_bytes=6 + 8 + 8 + 10, peak_bytes=6.0),
+    # Transformer Engine 2.8 pytorch/triton/cross_entropy.py: online_softmax_kernel reads the bf16
+    # logits (2), cross_entropy_kernel reads them again and writes the gradient over them (2 + 2);
+    # backward, element_mul_kernel scales it in place by the loss gradient (2 + 2). It keeps the
+    # logits' bf16 buffer alone, which holds the gradient (2)
+    "te": LossKernel(traffic_bytes=2 + 4 + 4, peak_bytes=2.0),
+}
+
+
 def head_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
     """Final norm, LM-head GEMM 2*b*s*h*V (Korthikanti 2022 App. A), vocab-parallel cross entropy."""
     if spec.is_graph:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.spec.training import FP8_RECIPES
+from planner.spec.training import FP8_RECIPES, LOSS_FUSIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +126,11 @@ class RuntimeRules:
     on an fp32 cast (torchtitan's loss uncompiled: the fp32 log-probabilities it keeps, their
     gradient and the input's gradient at once), 4 for that loss under torch.compile (it keeps
     the bf16 logits and the per-row statistics; the gradient comes back in bf16)"""
+    loss_fusions: tuple[str, ...] = ()
+    """the fused cross-entropy losses it can run in place of its own (spec/training.LOSS_FUSIONS,
+    priced by graph.LOSSES): Megatron-LM's --cross-entropy-loss-fusion with
+    --cross-entropy-fusion-impl native or te (arguments.py at 000c4ac; megatron-core 0.16.0
+    LanguageModule.compute_language_model_loss)"""
     loss_parallel_bytes_per_logit: float | None = None
     """bytes per logit its loss holds at its peak when tp > 1 and the loss runs on the
     vocabulary-sharded logits (torch's DTensor loss_parallel: 16, measured in
@@ -275,7 +280,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                           ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3),
                           batch_shares=True, pool_stages="any", grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
-                          fp8_saves_quantised=True),
+                          fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
@@ -287,7 +292,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
                              # --num-distributed-optimizer-instances (megatron-core parallel_state:
                              # intra-partial groups of dp*cp/instances consecutive dp-cp ranks)
-                             hybrid_zero=(1,), fp8_saves_quantised=True),
+                             hybrid_zero=(1,), fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, layers split evenly (pp divides them), activation checkpointing of "
@@ -495,6 +500,15 @@ def grad_reduce_refusal(runtime: str, precision: str, requested: str) -> str | N
     if requested in have:
         return None
     return f"runtime {runtime} reduces gradients in {', '.join(have)} only, not {requested}"
+
+
+def loss_fusion_refusal(runtime: str, requested: str) -> str | None:
+    """Why `runtime` cannot run the fused loss `requested` (None when it can, or none is asked)."""
+    if not requested or requested in RUNTIME_RULES[runtime].loss_fusions:
+        return None
+    have = RUNTIME_RULES[runtime].loss_fusions
+    return (f"runtime {runtime} runs no fused cross-entropy loss {requested!r}"
+            + (f" (it runs {', '.join(have)})" if have else " (only its own loss)"))
 
 
 def fp8_param_gather_refusal(runtime: str, precision: str, asked: bool) -> str | None:

@@ -10,7 +10,7 @@ pools (mixed clusters). A v1 plan lacks the first three; diff, check, export and
 Later optional v2 keys: inputs.runtimes, alternatives[].runtime and best_per_runtime (a search
 over the union of several runtimes' spaces, the default), and training.runtime 'ideal' (the
 old 'any', still read as 'ideal'), inputs.training.ep_overlap, moe_folding, fp8_recipe,
-grad_reduce and fp8_param_gather, and
+grad_reduce, fp8_param_gather and loss_fusion, and
 strategy.dp_shard (hybrid sharding, only where set); a plan of batch shares over several
 pools (pools[].share, strategy_pool: the pool the strategy, stages and placement describe,
 inputs.cluster the mixed cluster, inputs.training its GPUs and whole batch, breakdown_s's
@@ -24,7 +24,7 @@ from planner.cost.memory import MEMORY_KEYS
 from planner.cost.step import BREAKDOWN_KEYS
 from planner.errors import PlanFormatError
 from planner.runtimes import OLD_NAMES, OLDER_VERSIONS, TARGETS
-from planner.spec.training import FP8_RECIPES, GRAD_REDUCES
+from planner.spec.training import FP8_RECIPES, GRAD_REDUCES, LOSS_FUSIONS
 
 _NUM = {"type": "number"}
 _INT = {"type": "integer", "minimum": 1}
@@ -77,9 +77,10 @@ _TRAINING = {"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
 TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
                  "moe_dispatcher": {"type": "string", "enum": ["alltoall", "dedup"]}, "ep_overlap": _BOOL,
                  "moe_folding": _BOOL, "fp8_recipe": {"type": "string", "enum": list(FP8_RECIPES)},
-                 "grad_reduce": {"type": "string", "enum": list(GRAD_REDUCES)}, "fp8_param_gather": _BOOL},
+                 "grad_reduce": {"type": "string", "enum": list(GRAD_REDUCES)}, "fp8_param_gather": _BOOL,
+                 "loss_fusion": {"type": "string", "enum": list(LOSS_FUSIONS)}},
                 required=[*_TRAINING, "memory_headroom"])
-"""moe_dispatcher, fp8_recipe and grad_reduce only where the request named one (else the
+"""moe_dispatcher, fp8_recipe, grad_reduce and loss_fusion only where the request named one (else the
 runtime's own); ep_overlap, moe_folding and fp8_param_gather only where they are on
 (moe_folding false: the request kept the experts unfolded)"""
 _SOLVER = _obj({"name": _STR, "time_limit_s": _NUM})

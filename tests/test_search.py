@@ -984,6 +984,8 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
         setup = replace(setup, grad_reduce="bf16")
     if setup.precision == "fp8" and rules.fp8_param_gather and rng.random() < 0.5:
         setup = replace(setup, fp8_param_gather=True)  # the layers' weights gathered in fp8
+    if rules.loss_fusions and rng.random() < 0.5:  # a fused cross-entropy loss on the last stage
+        setup = replace(setup, loss_fusion=str(rng.choice(rules.loss_fusions)))
     if moe is not None and rules.ep_overlap and rng.random() < 0.5:
         setup = replace(setup, ep_overlap=True)  # the expert all-to-alls overlapped (--ep-overlap)
     if moe is not None and rules.moe_folding and rng.random() < 0.5:

@@ -19,7 +19,9 @@ import numpy as np
 
 from planner.cost import comm, compute, memory, pipeline
 from planner.graph import (
+    LOGIT_RW_BYTES,
     LOGIT_SAVED_BYTES,
+    LOSSES,
     NORM_FUSED_BYTES,
     Ctx,
     Layer,
@@ -392,8 +394,18 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                                                                     sequence_parallel),
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
                          tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
-                         RUNTIME_RULES[setup.runtime].loss_bytes(tp),
-                         RUNTIME_RULES[setup.runtime].eager_norm_bytes, quant_bytes(cluster, setup))
+                         *loss_bytes(setup, tp), RUNTIME_RULES[setup.runtime].eager_norm_bytes,
+                         quant_bytes(cluster, setup))
+
+
+def loss_bytes(setup: TrainingSetup, tp: int) -> tuple[float, float]:
+    """(bytes per logit the loss holds at its peak, its HBM traffic per logit forward and
+    backward): a fused loss's (TrainingSetup.loss_fusion: graph.LOSSES), else the runtime's own
+    peak (runtimes.RuntimeRules.loss_bytes) and the unfused traffic (graph.LOGIT_RW_BYTES)."""
+    if setup.loss_fusion:
+        kernel = LOSSES[setup.loss_fusion]
+        return kernel.peak_bytes, kernel.traffic_bytes
+    return RUNTIME_RULES[setup.runtime].loss_bytes(tp), LOGIT_RW_BYTES
 
 
 def quant_bytes(cluster: Cluster, setup: TrainingSetup) -> tuple[float, float] | None:
@@ -440,13 +452,14 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
                   tp_span: Span, cp_span: Span, ep_span: Span, kernel: str | None, overlap: bool,
                   ep_dedup: bool = False, ep_overlap: bool = False,
                   loss_bytes_per_logit: float = LOGIT_SAVED_BYTES,
+                  loss_traffic_per_logit: float = LOGIT_RW_BYTES,
                   eager_norm: tuple[float, float] | None = None,
                   quant: tuple[float, float] | None = None) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order). The head
     holds, at the loss's peak, what it saves besides the logits and `loss_bytes_per_logit` per
-    logit (the runtime's: runtimes.RuntimeRules.loss_bytes_per_logit), once per stage: one
-    micro-batch's loss at a time. Added to a recomputed layer's rebuild buffer, though the two
+    logit (loss_bytes), once per stage: one micro-batch's loss at a time, and moves
+    `loss_traffic_per_logit` per logit. Added to a recomputed layer's rebuild buffer, though the two
     never coincide (the loss's buffers are gone when backward reaches a layer): an overcount of
     at most the smaller, on the safe side."""
     gpu, eff = cluster.gpu, cluster.efficiency
@@ -482,7 +495,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     ends = {"emb_comp": t_mem(emb.elementwise_bytes), "emb_tp": coll(emb.tp_message_bytes),
             "emb_params": emb.params_local, "emb_saved": emb.saved_bytes,
             "head_comp": 3 * compute.gemm_time_s(head.gemm_flops, head.gemm_intensity, gpu, head_precision, eff)
-            + t_mem(head.elementwise_bytes),
+            + t_mem(head.elementwise_bytes + (loss_traffic_per_logit - LOGIT_RW_BYTES) * head.logits),
             "head_tp": 2 * coll(head.tp_message_bytes or emb.tp_message_bytes),
             "head_params": head.params_local, "head_tied": tied_head_params(model, base.tp),
             "head_saved": head.saved_bytes + (loss_bytes_per_logit - LOGIT_SAVED_BYTES) * head.logits}

@@ -72,6 +72,9 @@ class PlanView:
     """the dtype it reduces gradients in where the request named one (TrainingSetup.grad_reduce)"""
     fp8_param_gather: bool = False
     """fp8 weights gathered in fp8 (TrainingSetup.fp8_param_gather)"""
+    loss_fusion: str = ""
+    """the fused cross-entropy loss it was priced with where the request named one
+    (TrainingSetup.loss_fusion)"""
     dp_shard: int = 0
     """hybrid sharding's shard group of data-parallel ranks (Strategy.dp_shard; 0: all of dp)"""
     pool_shares: tuple[str, ...] = ()
@@ -154,6 +157,7 @@ def read(plan: dict) -> PlanView:
                                 if t["precision"] == "fp8" else ""),
                     grad_reduce=str(training.get("grad_reduce", "")),
                     fp8_param_gather=training.get("fp8_param_gather", False) is True,
+                    loss_fusion=str(training.get("loss_fusion", "")),
                     dp_shard=int(strategy.get("dp_shard", 0)),
                     pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")),
                     stage_pools=stage_pools, stage_libraries=libraries, stage_node_sizes=node_sizes, **t, **s)
@@ -233,7 +237,8 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
     of the MoE dispatcher it was priced with and of its expert-parallel overlap, the record the
     search and `estimate --runtime` read: an exporter refuses at least that."""
     from planner.runtimes import (RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal,
-                                  fp8_param_gather_refusal, folding_refusal, grad_reduce_refusal)
+                                  fp8_param_gather_refusal, folding_refusal, grad_reduce_refusal,
+                                  loss_fusion_refusal)
     from planner.spec.training import Strategy
     s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
                  recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
@@ -250,6 +255,8 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
         why = f"gradients reduced in {v.grad_reduce} (it reduces in {', '.join(RUNTIME_RULES[record].grad_reduces)})"
     if not why and fp8_param_gather_refusal(record, v.precision, v.fp8_param_gather):
         why = "fp8 weights gathered in fp8 (--fp8-param-gather)"
+    if not why and loss_fusion_refusal(record, v.loss_fusion):
+        why = f"the fused {v.loss_fusion} cross-entropy loss the plan was priced with (--loss-fusion)"
     if not why and v.ep_overlap and ep_overlap_refusal(record, True):
         why = "expert all-to-alls overlapped with computation (--ep-overlap)"
     if not why and v.ep_overlap and (problems := ep_overlap_problems(s, v.model)):

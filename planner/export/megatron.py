@@ -88,10 +88,11 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
 
 
 def arguments(v: PlanView) -> list[Arg]:
-    """Every argument, in a fixed order: model, parallelism, batch, recompute, optimizer, precision."""
+    """Every argument, in a fixed order: model, parallelism, batch, recompute, optimizer, precision,
+    loss."""
     check_common(v, RUNTIME)
     check_decoder(v, RUNTIME, "pretrain_gpt.py trains causal decoders only")
-    return _model(v) + _parallel(v) + _batch(v) + _recompute(v) + _optimizer(v) + _precision(v)
+    return _model(v) + _parallel(v) + _batch(v) + _recompute(v) + _optimizer(v) + _precision(v) + _loss(v)
 
 
 def _model(v: PlanView) -> list[Arg]:
@@ -287,3 +288,11 @@ def _precision(v: PlanView) -> list[Arg]:
         if v.fp8_param_gather and v.zero >= 1:
             args.append(("--fp8-param-gather", None))
     return args
+
+
+def _loss(v: PlanView) -> list[Arg]:
+    """The fused cross-entropy loss the plan was priced with (Megatron-LM 000c4ac arguments.py:
+    --cross-entropy-loss-fusion, --cross-entropy-fusion-impl native or te); none: the unfused one."""
+    if not v.loss_fusion:
+        return []
+    return [("--cross-entropy-loss-fusion", None), ("--cross-entropy-fusion-impl", v.loss_fusion)]

@@ -27,6 +27,12 @@ GRAD_REDUCES = ("fp32", "bf16")
 accumulate_allreduce_grads_in_fp32; FSDP2's reduce_dtype float32, torchtitan's
 mixed_precision_reduce) or bf16 (Megatron-LM --grad-reduce-in-bf16, Megatron-Core
 DistributedDataParallelConfig.grad_reduce_in_fp32 False, as NVIDIA's MLPerf configs run)"""
+LOSS_FUSIONS = ("native", "te")
+"""the fused cross-entropy losses a run may use in place of its runtime's own (Megatron-LM
+--cross-entropy-loss-fusion with --cross-entropy-fusion-impl native or te: megatron-core
+0.16.0 LanguageModule.compute_language_model_loss): 'native' is Megatron-Core's
+fused_vocab_parallel_cross_entropy (its steps under torch.compile), 'te' Transformer Engine's
+parallel_cross_entropy (Triton kernels); what each moves and keeps is graph.LOSSES"""
 RECIPE_FAMILIES = {"mxfp8": ("blackwell",), "blockwise": ("hopper", "blackwell")}
 """the GPU families a block-scaled recipe runs on: MXFP8 is a Blackwell tensor-core format
 (Megatron-Core TransformerConfig.fp8_recipe: "'mxfp8' for Blackwell architecture only"), the
@@ -51,9 +57,10 @@ training/performance/README.md). `estimate` and `validate` price at 0: what ran,
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """How a request runs beyond its precision and parallelism: the TrainingSetup fields
-    moe_dispatcher, ep_overlap, moe_folding and fp8_recipe as one value, what the CLI, planning
-    and forecasts pass along (TrainingSetup checks them). folding None leaves it to the search:
-    both layouts where the runtime folds (planning.moe_variants)."""
+    moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather and
+    loss_fusion as one value, what the CLI, planning and forecasts pass along (TrainingSetup
+    checks them). folding None leaves it to the search: both layouts where the runtime folds
+    (planning.moe_variants)."""
 
     dispatcher: str = ""
     ep_overlap: bool = False
@@ -61,6 +68,7 @@ class RunOptions:
     fp8_recipe: str = ""
     grad_reduce: str = ""
     fp8_param_gather: bool = False
+    loss_fusion: str = ""
 
     def at(self, precision: str) -> "RunOptions":
         """The options a setup in `precision` takes: no fp8 recipe nor fp8 parameter gather below
@@ -73,7 +81,7 @@ class RunOptions:
     def setup_fields(self) -> dict:
         return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding),
                 "fp8_recipe": self.fp8_recipe, "grad_reduce": self.grad_reduce,
-                "fp8_param_gather": self.fp8_param_gather}
+                "fp8_param_gather": self.fp8_param_gather, "loss_fusion": self.loss_fusion}
 
     @classmethod
     def recorded(cls, training: dict) -> "RunOptions":
@@ -81,7 +89,8 @@ class RunOptions:
         else both searched again (absent: the defaults)."""
         return cls(dispatcher=training.get("moe_dispatcher", ""), ep_overlap=training.get("ep_overlap", False),
                    folding=training.get("moe_folding"), fp8_recipe=training.get("fp8_recipe", ""),
-                   grad_reduce=training.get("grad_reduce", ""), fp8_param_gather=training.get("fp8_param_gather", False))
+                   grad_reduce=training.get("grad_reduce", ""), fp8_param_gather=training.get("fp8_param_gather", False),
+                   loss_fusion=training.get("loss_fusion", ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +126,9 @@ class TrainingSetup:
     """fp8 runs: keep the layers' GEMM weights in fp8 and all-gather them so (Megatron-LM
     --fp8-param-gather; runtimes.RuntimeRules.fp8_param_gather): the distributed optimizer's and
     ZeRO-3's weight gathers move 1 byte a parameter of the transformer layers"""
+    loss_fusion: str = ""
+    """a fused cross-entropy loss (LOSS_FUSIONS; runtimes.RuntimeRules.loss_fusions); '' = the
+    runtime's own loss"""
 
     def __post_init__(self) -> None:
         for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
@@ -130,7 +142,7 @@ class TrainingSetup:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
         from planner.runtimes import (RUNTIME_RULES, dispatcher_refusal, ep_overlap_refusal, folding_refusal,
                                       fp8_param_gather_refusal, fp8_recipe_refusal, grad_reduce_refusal,
-                                      precision_refusal, record_name)
+                                      loss_fusion_refusal, precision_refusal, record_name)
         object.__setattr__(self, "runtime", record_name(self.runtime))
         if self.runtime not in RUNTIME_RULES:
             raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
@@ -140,6 +152,8 @@ class TrainingSetup:
             raise SpecError(f"moe-dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatcher!r}")
         if self.grad_reduce not in ("", *GRAD_REDUCES):
             raise SpecError(f"grad-reduce must be one of {', '.join(GRAD_REDUCES)}, got {self.grad_reduce!r}")
+        if self.loss_fusion not in ("", *LOSS_FUSIONS):
+            raise SpecError(f"loss-fusion must be one of {', '.join(LOSS_FUSIONS)}, got {self.loss_fusion!r}")
         for name in ("ep_overlap", "moe_folding", "fp8_param_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name.replace('_', '-')} must be true or false, got {getattr(self, name)!r}")
@@ -149,7 +163,8 @@ class TrainingSetup:
                    or ep_overlap_refusal(self.runtime, self.ep_overlap)
                    or folding_refusal(self.runtime, self.moe_folding)
                    or grad_reduce_refusal(self.runtime, self.precision, self.grad_reduce)
-                   or fp8_param_gather_refusal(self.runtime, self.precision, self.fp8_param_gather))
+                   or fp8_param_gather_refusal(self.runtime, self.precision, self.fp8_param_gather)
+                   or loss_fusion_refusal(self.runtime, self.loss_fusion))
         if refused:
             raise SpecError(refused)
 
@@ -168,7 +183,7 @@ class TrainingSetup:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for name in ("moe_dispatcher", "fp8_recipe", "grad_reduce"):
+        for name in ("moe_dispatcher", "fp8_recipe", "grad_reduce", "loss_fusion"):
             if not out[name]:
                 del out[name]  # the runtime's own: plans made before the knob read alike
         for name in ("ep_overlap", "moe_folding", "fp8_param_gather"):
