@@ -126,6 +126,11 @@ class RuntimeRules:
     on an fp32 cast (torchtitan's loss uncompiled: the fp32 log-probabilities it keeps, their
     gradient and the input's gradient at once), 4 for that loss under torch.compile (it keeps
     the bf16 logits and the per-row statistics; the gradient comes back in bf16)"""
+    pp_overlap: bool = False
+    """its interleaved schedule (vpp > 1) overlaps the pipeline's sends and receives with the
+    chunks' computation: Megatron-LM's overlap_p2p_comm, on by default with virtual stages and
+    off without them (arguments.py at 000c4ac lines 603-618; --no-overlap-p2p-communication turns
+    it off); cost/step.exposed_p2p_s prices what shows"""
     loss_fusions: tuple[str, ...] = ()
     """the fused cross-entropy losses it can run in place of its own (spec/training.LOSS_FUSIONS,
     priced by graph.LOSSES): Megatron-LM's --cross-entropy-loss-fusion with
@@ -280,7 +285,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                           ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3),
                           batch_shares=True, pool_stages="any", grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
-                          fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS),
+                          fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS, pp_overlap=True),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
                              "for all stages; uneven split only on the first/last stage; equal virtual chunks",
@@ -292,7 +297,8 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
                              # --num-distributed-optimizer-instances (megatron-core parallel_state:
                              # intra-partial groups of dp*cp/instances consecutive dp-cp ranks)
-                             hybrid_zero=(1,), fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS),
+                             hybrid_zero=(1,), fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS,
+                             pp_overlap=True),
     "deepspeed": RuntimeRules((0, 1, 2, 3), (0, 1), False, False, "none", "all", False, True,
                               "DeepSpeed: pipeline engine only with ZeRO <= 1, no interleaving, no context "
                               "parallelism, layers split evenly (pp divides them), activation checkpointing of "

@@ -637,3 +637,29 @@ def test_an_eager_rmsnorm_adds_its_extra_bytes_as_memory_time_and_a_layernorm_no
     gpt = build_layers(load_model("gpt3-175b"))[0]  # a LayerNorm: torch's native layer_norm is one kernel
     assert layer_cost(gpt, ctx, cluster, "bf16", one, one, one, "cudnn", eager_norm=(36.0, 96.0)) == \
         layer_cost(gpt, ctx, cluster, "bf16", one, one, one, "cudnn")
+
+
+def test_an_overlapped_interleaved_pipeline_shows_its_sends_only_in_the_fill_and_drain():
+    """Megatron-LM overlaps the interleaved schedule's sends and receives with computation
+    (overlap_p2p_comm, RuntimeRules.pp_overlap): the steady state shows none of them, the fill
+    and the drain (pp * vpp - 1) chunk crossings each way once a step. Without virtual stages, or
+    on a runtime that does not overlap, every micro-batch shows its vpp chunks' sends."""
+    from planner.cost.step import estimate, p2p_s, profile
+    from planner.runtimes import RUNTIME_RULES
+    from planner.spec.training import Strategy, TrainingSetup
+
+    cluster, model = load_cluster("dgx-h100"), load_model("llama3-8b")
+    assert RUNTIME_RULES["megatron"].pp_overlap and not RUNTIME_RULES["torchtitan"].pp_overlap
+    for runtime, overlaps in (("megatron", True), ("torchtitan", False)):
+        setup = TrainingSetup(gpus=32, global_batch=64, seq_len=2048, runtime=runtime)
+        for vpp in (1, 2):
+            s = Strategy(dp=4, pp=8, vpp=vpp, zero=1 if runtime == "megatron" else 3, dp_overlap=False,
+                         schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+            prof = profile(model, cluster, setup, s)
+            chunk = p2p_s(model, cluster, setup, 1, 1, 1, 1, prof.spans["pp"].nodes > 1)
+            m = s.num_microbatches(setup.global_batch)
+            shown = estimate(model, cluster, setup, s).breakdown_s["pp_comm"]
+            if overlaps and vpp > 1:
+                assert prof.p2p_s == 0.0 and shown == pytest.approx((8 * vpp - 1) * chunk, rel=1e-9)
+            else:
+                assert prof.p2p_fill_s == 0.0 and shown == pytest.approx(m * vpp * chunk, rel=1e-9)

@@ -274,6 +274,9 @@ class Profile:
     """name -> array of length layers+1; '_b' = base recompute mode, '_f' = full recompute"""
     ends: dict = field(hash=False)
     p2p_s: float
+    """pipeline send/receive time a stage shows per micro-batch (exposed_p2p_s)"""
+    p2p_fill_s: float
+    """what the pipeline's fill and drain show of it once a step (p2p_fill_s)"""
     transient_bytes: float
     """extra bytes while a fully recomputed layer is rebuilt (the model's largest such layer)"""
     prefetch_bytes: float
@@ -296,10 +299,13 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
     tables = context_tables(model, cluster, setup, s.tp, s.cp, s.ep, s.micro_batch, s.sequence_parallel,
                             s.recompute, spans)
     ends = tables.ends
-    p2p = p2p_s(model, cluster, setup, s.tp, s.cp, s.micro_batch, s.vpp, spans["pp"].nodes > 1) if s.pp > 1 else 0.0
+    chunk = p2p_s(model, cluster, setup, s.tp, s.cp, s.micro_batch, 1, spans["pp"].nodes > 1) if s.pp > 1 else 0.0
+    overlaps = RUNTIME_RULES[setup.runtime].pp_overlap
     return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
                    microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision, setup.grad_reduce),
-                   gather_bytes=gather_bytes(setup), prefix=tables.prefix, ends=ends, p2p_s=p2p, transient_bytes=tables.transient_bytes,
+                   gather_bytes=gather_bytes(setup), prefix=tables.prefix, ends=ends,
+                   p2p_s=float(exposed_p2p_s(chunk, s.vpp, overlaps)),
+                   p2p_fill_s=float(p2p_fill_s(chunk, s.pp, s.vpp, overlaps)), transient_bytes=tables.transient_bytes,
                    prefetch_bytes=tables.prefetch_bytes, spans=spans,
                    zero=RUNTIME_RULES[setup.runtime].priced_zero(s.zero, s.pp))
 
@@ -332,7 +338,8 @@ def pricing_key(prof: Profile) -> tuple:
     return (s.pp, s.vpp, s.tp, prof.zero, s.dp_overlap, prof.spans.get("replica"),
             *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard),
             s.recompute,
-            s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.gather_bytes, prof.p2p_s, prof.transient_bytes,
+            s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.gather_bytes, prof.p2p_s, prof.p2p_fill_s,
+            prof.transient_bytes,
             prof.prefetch_bytes, prof.spans["dpcp"], prof.spans["edp"], tuple(sorted(prof.ends.items())),
             tuple(prof.prefix[k].tobytes() for k in sorted(prof.prefix)))
 
@@ -350,6 +357,23 @@ def p2p_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp:
     (Narayanan et al. 2021 §4.1): each tp rank sends 1/tp of the activation and the receivers
     all-gather it over NVLink. tp, cp and micro_batch may be arrays."""
     return 2 * vpp * comm.p2p_time_s(p2p_message_bytes(model, setup, tp, cp, micro_batch), inter_node, cluster)
+
+
+def exposed_p2p_s(chunk_s, vpp, overlaps: bool):
+    """Pipeline send/receive time a stage shows per micro-batch, of `chunk_s` per virtual chunk
+    (p2p_s with vpp 1): all vpp chunks' unless its runtime overlaps the interleaved schedule's
+    sends and receives with computation (RuntimeRules.pp_overlap, vpp > 1), whose steady state
+    then shows none: a chunk's send (well under a millisecond) hides behind the next chunk's
+    compute. The search's bounds read the same rule. vpp may be an array."""
+    return chunk_s * vpp * np.where(np.logical_and(overlaps, np.greater(vpp, 1)), 0.0, 1.0)
+
+
+def p2p_fill_s(chunk_s, pp, vpp, overlaps: bool):
+    """What an overlapped interleaved pipeline (exposed_p2p_s) still shows of its sends, once a
+    step: the first micro-batch's activations cross the pp*vpp - 1 chunk boundaries one after
+    another in the fill and its gradients as many in the drain, each send on the critical path:
+    (pp*vpp - 1) * chunk_s (chunk_s holds one send each way). 0 where nothing is overlapped."""
+    return np.where(np.logical_and(overlaps, np.greater(vpp, 1)) & np.greater(pp, 1), (pp * vpp - 1) * chunk_s, 0.0)
 
 
 def p2p_message_bytes(model: ModelSpec, setup: TrainingSetup, tp, cp, micro_batch):
@@ -538,8 +562,8 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     else:
         weights, grads, optim, acts, other = _memory_parts(prof, i, sums, dense, saved, head_saved)
     return {"t": t, "compute": comp, "recompute": sums["rec"], "tp_comm": tp, "cp_comm": sums["cp"],
-            "ep_comm": sums["ep"], "pp_comm": prof.p2p_s + 0.0 * comp, "z": z, "dp_exposed": exposed,
-            "optimizer": opt, "tail": exposed + opt, "weights": weights, "grads": grads, "optim": optim,
+            "ep_comm": sums["ep"], "pp_comm": prof.p2p_s + 0.0 * comp, "pp_fill": prof.p2p_fill_s + 0.0 * comp,
+            "z": z, "dp_exposed": exposed, "optimizer": opt, "tail": exposed + opt + prof.p2p_fill_s, "weights": weights, "grads": grads, "optim": optim,
             "activations": acts, "other": other, "memory": weights + grads + optim + acts + other,
             "recompute_layers": sums["n_rec"]}
 
@@ -761,7 +785,8 @@ def split_terms(prof: Profile, bounds, recompute_layers=None) -> dict:
 
 def split_step(terms: dict, microbatches: int, vpp: int) -> tuple[float, float, int, int]:
     """(step time, pipeline bubble, bottleneck stage, tail stage) of a split's terms.
-    Step = m * max_i t_i + (sum_i t_i - max_i t_i) / v + max_i (exposed DP_i + optimizer_i)."""
+    Step = m * max_i t_i + (sum_i t_i - max_i t_i) / v + max_i (exposed DP_i + optimizer_i + fill),
+    fill the sends an overlapped interleaved pipeline still shows (p2p_fill_s), one for all stages."""
     times = [float(x) for x in terms["t"]]
     tails = [float(x) for x in np.broadcast_to(terms["tail"], len(times))]
     bubble_s = pipeline.pipeline_time_s(times, microbatches, vpp)[1]
@@ -811,6 +836,7 @@ def estimate_of_terms(model: ModelSpec, setup: TrainingSetup, s: Strategy, bound
         stages.append(StageEstimate(index=i, chunks=tuple(chunks), recompute_layers=int(at("recompute_layers", i)),
                                     time_per_microbatch_s=at("t", i), memory=mem))
     breakdown = {k: m * at(k, worst) for k in ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm")}
+    breakdown["pp_comm"] += at("pp_fill", tail)
     breakdown["bubble"] = bubble_s
     breakdown["dp_comm_exposed"] = at("dp_exposed", tail) + m * at("z", worst)
     breakdown["optimizer"] = at("optimizer", tail)

@@ -4,7 +4,7 @@ in the order of these bounds and stops once the next bound is no better than the
 
     step >= (m - 1/v) * max_i t_i + sum_i t_i / v + max_i tail_i,
     max_i t_i >= max(sum_i t_i / p, largest stage of the even split when the split is fixed),
-where sum_i t_i (all layers, the embedding, the head, every stage's p2p, the least recomputation
+where sum_i t_i (all layers, the embedding, the head, every stage's exposed p2p, the least recomputation
 that lets the model fit, the ZeRO-2/3 traffic that cannot hide) does not depend on the split,
 and max_i tail_i >= the optimizer step of the stage holding the most parameters.
 
@@ -39,6 +39,7 @@ from planner.cost.step import (
     gather_bytes,
     layer_kind_index,
     optimizer_s,
+    exposed_p2p_s,
     p2p_s,
     selective_saves_memory,
     state_shards,
@@ -358,6 +359,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     count, c, lay, pp, shards, eshards, m, p2p, full, mem = (x[row] for x in (count, c, lay, pp, shards, eshards, m,
                                                                               p2p, full, mem))
     zp = rules.priced_zero(z, pp)  # the stage priced; z is the plan's (RuntimeRules.pp_defers_sharding)
+    p2p = exposed_p2p_s(p2p, v, rules.pp_overlap)  # per micro-batch, as the price shows it
 
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
@@ -407,12 +409,12 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
         else:
             rec[f] = recompute_floor(least_state[f], ctx.col("saved_b")[c[f]], ctx.col("saving")[c[f]],
                                      ctx.col("rec_cost_s")[c[f]], L, kmax, inv_k, cap)
-    sigma = ctx.col("total_s")[c] + pp * p2p * v + zfloor + rec
+    sigma = ctx.col("total_s")[c] + pp * p2p + zfloor + rec
     bottleneck = sigma / pp
     fixed = np.broadcast_to(rules.fixed_split(pp, v), pp.shape)
     if fixed.any():
         f = np.nonzero(fixed)[0]
-        bottleneck[f] = np.maximum(bottleneck[f], even_split_max(ctx, c[f], pp[f], v[f], L) + p2p[f] * v[f])
+        bottleneck[f] = np.maximum(bottleneck[f], even_split_max(ctx, c[f], pp[f], v[f], L) + p2p[f])
     pipe = pipeline_floor_s(bottleneck, sigma, m, v)
     bound = pipe + opt * (1 - SAFETY)
     # each setup's candidates by bound (a stable sort: ties in the order they were generated)

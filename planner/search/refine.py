@@ -60,6 +60,7 @@ class Refiner:
     """state bytes per dense and per expert parameter (the candidate's ZeRO stage and shards)"""
     bottleneck: np.ndarray
     p2p: np.ndarray
+    """the p2p time each candidate's stages show per micro-batch (cost/step.exposed_p2p_s)"""
     full: np.ndarray
     fixed: np.ndarray
 
@@ -85,7 +86,7 @@ class Refiner:
         bottleneck, sigma = self.bottleneck[idx].copy(), self.sigma[idx].copy()
         for sel, rec in self._fixed_recompute(idx):
             j, p, v = idx[sel], int(self.pp[idx[sel[0]]]), int(self.vpp[idx[sel[0]]])
-            times = self.ctx.even_stage_s(self.c[j], p, v, L) + rec + (self.p2p[j] * v)[:, None]
+            times = self.ctx.even_stage_s(self.c[j], p, v, L) + rec + self.p2p[j][:, None]
             bottleneck[sel] = np.maximum(bottleneck[sel], times.max(axis=1))
             sigma[sel] += np.maximum(0.0, rec.sum(axis=1) - self.rec[j])
         for p in sorted(set(pp[free].tolist())):
