@@ -563,9 +563,9 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
         weights, grads, optim, acts, other = _memory_parts(prof, i, sums, dense, saved, head_saved)
     return {"t": t, "compute": comp, "recompute": sums["rec"], "tp_comm": tp, "cp_comm": sums["cp"],
             "ep_comm": sums["ep"], "pp_comm": prof.p2p_s + 0.0 * comp, "pp_fill": prof.p2p_fill_s + 0.0 * comp,
-            "z": z, "dp_exposed": exposed, "optimizer": opt, "tail": exposed + opt + prof.p2p_fill_s, "weights": weights, "grads": grads, "optim": optim,
-            "activations": acts, "other": other, "memory": weights + grads + optim + acts + other,
-            "recompute_layers": sums["n_rec"]}
+            "z": z, "dp_exposed": exposed, "optimizer": opt, "tail": exposed + opt + prof.p2p_fill_s,
+            "weights": weights, "grads": grads, "optim": optim, "activations": acts, "other": other,
+            "memory": weights + grads + optim + acts + other, "recompute_layers": sums["n_rec"]}
 
 
 def busy_s(comp, rec, tp, cp, ep):
