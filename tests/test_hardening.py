@@ -230,7 +230,9 @@ def test_the_distribution_name_is_not_the_unrelated_planner_on_the_package_index
 def test_a_chain_too_deep_for_the_split_dp_is_answered_in_bounded_memory(tmp_path):
     """5,000 layers in the ideal space once took 445 s and 24 GB (the free-split DP's tables grow
     with layers x stage width): beyond search/driver.MAX_DP_CELLS the even split stands and the plan says it is
-    not proven optimal; run here under a 3 GB address-space cap."""
+    not proven optimal; run here under a 3 GB address-space cap. The pipeline is pinned to 32 stages without
+    interleaving, whose split is free: since the overlapped interleaved sends are priced, the unpinned search's
+    best is a deep interleaved pipeline whose bound rules out every candidate the DP would have to split."""
     import resource
     import subprocess
     import sys
@@ -242,7 +244,8 @@ def test_a_chain_too_deep_for_the_split_dp_is_answered_in_bounded_memory(tmp_pat
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (3 * 1024**3, 3 * 1024**3))
     out = subprocess.run([sys.executable, "-m", "planner", "plan", "-m", str(spec), "-c", "dgx-h100", "--gpus", "1024",
-                          "--global-batch", "1024", "--runtime", "ideal", "--json"], capture_output=True, text=True,
+                          "--global-batch", "1024", "--runtime", "ideal", "--pp", "32", "--vpp", "1", "--json"],
+                         capture_output=True, text=True,
                          preexec_fn=cap, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     doc = json.loads(out.stdout)
