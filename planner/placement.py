@@ -320,9 +320,12 @@ def group_spans(order: str, tp: int, cp: int, dp: int, pp: int, ep: int, gpus_pe
     degrees = expert_degrees(tp, cp, dp, pp, ep, etp)
     st = strides(order, degrees)
     total = tp * cp * dp * pp
-    return (_run_span(st["tp"], tp, gpus_per_node, total), _run_span(st["cp"], cp, gpus_per_node, total),
-            _span(order, degrees, st, ("ep",), gpus_per_node), _run_span(st["pp"], pp, gpus_per_node, total),
-            _span(order, degrees, st, ("edp",), gpus_per_node), _span(order, degrees, st, ("cp", "dp"), gpus_per_node))
+    dense = (_run_span(st["tp"], tp, gpus_per_node, total), _run_span(st["cp"], cp, gpus_per_node, total))
+    dpcp = _span(order, degrees, st, ("cp", "dp"), gpus_per_node)
+    if ep == 1 and "etp" not in degrees:  # the expert group is one rank, the experts' dp group the dense one's
+        return (*dense, Span(size=1, per_node=1, nodes=1), _run_span(st["pp"], pp, gpus_per_node, total), dpcp, dpcp)
+    return (*dense, _span(order, degrees, st, ("ep",), gpus_per_node), _run_span(st["pp"], pp, gpus_per_node, total),
+            _span(order, degrees, st, ("edp",), gpus_per_node), dpcp)
 
 
 @lru_cache(maxsize=4096)
