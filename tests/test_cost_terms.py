@@ -656,7 +656,7 @@ def test_an_overlapped_interleaved_pipeline_shows_its_sends_only_in_the_fill_and
             s = Strategy(dp=4, pp=8, vpp=vpp, zero=1 if runtime == "megatron" else 3, dp_overlap=False,
                          schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
             prof = profile(model, cluster, setup, s)
-            chunk = p2p_s(model, cluster, setup, 1, 1, 1, 1, prof.spans["pp"].nodes > 1)
+            chunk = p2p_s(model, cluster, setup, 1, 1, 1, prof.spans["pp"].nodes > 1)
             m = s.num_microbatches(setup.global_batch)
             shown = estimate(model, cluster, setup, s).breakdown_s["pp_comm"]
             if overlaps and vpp > 1:

@@ -184,7 +184,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
     base = np.array([space.RECOMPUTES.index(base_mode(mode)) for mode in modes])[rows["mode"]]
     keys, context_id = _keys(*(rows[k] for k in ("tp", "cp", "ep", "mb", "sp")), base, rows["span_set"])
     memories, memory_id = _keys(*(rows[k] for k in ("tp", "cp", "ep", "mb", "sp", "mode")))
-    link = (model, cluster, setups[0], rows["tp"], rows["cp"], rows["mb"], 1)
+    link = (model, cluster, setups[0], rows["tp"], rows["cp"], rows["mb"])
     p2p = np.where(rows["pp"] > 1, np.where(rows["inter"], p2p_s(*link, True), p2p_s(*link, False)), 0.0)
     groups, group_id = _keys(rows["dp"], rows["cp"], rows["ep"], rows["tp"])
     shards, eshards = np.array([state_shards(dp, cp, ep, expert_fold(model, setups[0], tp)) for dp, cp, ep, tp in groups],
