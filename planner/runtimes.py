@@ -131,6 +131,13 @@ class RuntimeRules:
     chunks' computation: Megatron-LM's overlap_p2p_comm, on by default with virtual stages and
     off without them (arguments.py at 000c4ac lines 603-618; --no-overlap-p2p-communication turns
     it off); cost/step.exposed_p2p_s prices what shows"""
+    loss_traffic_per_logit: float | None = None
+    """HBM bytes per logit element its own loss moves, forward and backward; None: Megatron-Core's
+    unfused vocab-parallel loss (graph.LOGIT_RW_BYTES). 36 for PyTorch's cross_entropy on an fp32
+    cast (torchtitan's loss uncompiled), counted op by op in tests/test_torch_oracle.py: the cast
+    (2 + 4), log_softmax (4 + 4), its backward (4 + 4 + 4), nll_loss's backward writing the
+    gradient (4, a scatter of one element a row), the cast back (4 + 2); nll_loss itself gathers
+    one element a row. A compiled loss moves at most that (torchtitan@compile: an upper bound)"""
     loss_fusions: tuple[str, ...] = ()
     """the fused cross-entropy losses it can run in place of its own (spec/training.LOSS_FUSIONS,
     priced by graph.LOSSES): Megatron-LM's --cross-entropy-loss-fusion with
@@ -314,6 +321,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                # torchao Float8LinearConfig's default recipe: dynamic per-tensor scaling
                                fp8_recipes=("tensorwise",),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0,
+                               loss_traffic_per_logit=36.0,
                                # module_fqns_per_model_part: each stage's own layers (torchtitan 0.3.0
                                # config/configs.py ParallelismConfig; 0.2.x job_config.Parallelism)
                                pool_stages="same_library",

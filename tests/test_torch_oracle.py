@@ -633,3 +633,36 @@ def test_torchs_loss_parallel_peaks_at_the_2024_torchtitan_records_bytes_per_log
     for name in ("torchtitan@2024-12-compiled", "torchtitan@2024-12"):
         assert per_logit == pytest.approx(RUNTIME_RULES[name].loss_bytes(8), abs=0.05)
         assert RUNTIME_RULES[name].loss_bytes(1) == RUNTIME_RULES["torchtitan"].loss_bytes_per_logit
+
+
+def test_torchs_cross_entropy_on_an_fp32_cast_moves_the_torchtitan_records_bytes_per_logit():
+    """torchtitan's uncompiled loss (cross_entropy of the logits' fp32 cast), forward and backward,
+    op by op: every op's tensors, but nll_loss's, which gathers (forward) and scatters (backward)
+    one element a row, by what it writes alone."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from planner.runtimes import RUNTIME_RULES
+
+    class Count(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view:
+                moved = out if "nll_loss" in str(func) else (args, kwargs, out)
+                Count.total += sum(t.numel() * t.element_size() for t in tree_flatten(moved)[0]
+                                   if isinstance(t, torch.Tensor))
+            return out
+
+    torch.manual_seed(0)
+    batch, seq, vocab = 1, 256, 2000
+    logits = torch.randn(batch, seq, vocab, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (batch, seq))
+    with Count():
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+        loss.backward()
+    per_logit = Count.total / (batch * seq * vocab)
+    for name in ("torchtitan", "torchtitan@0.2", "torchtitan@2024-12", "torchtitan@2024-12-compiled"):
+        assert per_logit == pytest.approx(RUNTIME_RULES[name].loss_traffic_per_logit, abs=0.05)
+    assert RUNTIME_RULES["megatron"].loss_traffic_per_logit is None  # Megatron-Core's: graph.LOGIT_RW_BYTES

@@ -427,11 +427,13 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
 def loss_bytes(setup: TrainingSetup, tp: int) -> tuple[float, float]:
     """(bytes per logit the loss holds at its peak, its HBM traffic per logit forward and
     backward): a fused loss's (TrainingSetup.loss_fusion: graph.LOSSES), else the runtime's own
-    peak (runtimes.RuntimeRules.loss_bytes) and the unfused traffic (graph.LOGIT_RW_BYTES)."""
+    (runtimes.RuntimeRules.loss_bytes and loss_traffic_per_logit; Megatron-Core's unfused loss,
+    graph.LOGIT_RW_BYTES, where the record gives none)."""
     if setup.loss_fusion:
         kernel = LOSSES[setup.loss_fusion]
         return kernel.peak_bytes, kernel.traffic_bytes
-    return RUNTIME_RULES[setup.runtime].loss_bytes(tp), LOGIT_RW_BYTES
+    rules = RUNTIME_RULES[setup.runtime]
+    return rules.loss_bytes(tp), rules.loss_traffic_per_logit or LOGIT_RW_BYTES
 
 
 def quant_bytes(cluster: Cluster, setup: TrainingSetup) -> tuple[float, float] | None:
