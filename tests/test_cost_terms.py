@@ -663,3 +663,24 @@ def test_an_overlapped_interleaved_pipeline_shows_its_sends_only_in_the_fill_and
                 assert prof.p2p_s == 0.0 and shown == pytest.approx((8 * vpp - 1) * chunk, rel=1e-9)
             else:
                 assert prof.p2p_fill_s == 0.0 and shown == pytest.approx(m * vpp * chunk, rel=1e-9)
+
+
+def test_an_overlapped_send_longer_than_a_layers_forward_shows_the_difference():
+    """A chunk's send hides behind at least one layer's forward (the model's shortest): where the
+    send is longer (a narrow model whose stages talk over InfiniBand), each chunk shows the rest."""
+    import numpy as np
+
+    from planner.cost.step import p2p_s, profile
+    from planner.spec.model import ModelSpec
+    from planner.spec.training import Strategy, TrainingSetup
+
+    cluster = load_cluster("dgx-h100")
+    narrow = ModelSpec(name="narrow", layers=32, hidden=128, heads=2, ffn_hidden=512, vocab=32000, seq_len=2048)
+    setup = TrainingSetup(gpus=16, global_batch=64, seq_len=2048, runtime="megatron")
+    s = Strategy(dp=1, pp=16, vpp=2, zero=1, schedule="interleaved-1f1b")
+    prof = profile(narrow, cluster, setup, s)
+    assert prof.spans["pp"].nodes > 1
+    chunk = p2p_s(narrow, cluster, setup, 1, 1, 1, True)
+    hide = float(np.diff(prof.prefix["fwd"]).min())
+    assert chunk > 2 * hide  # the send outlasts a layer's forward here
+    assert prof.p2p_s == pytest.approx(2 * (chunk - 2 * hide), rel=1e-9)

@@ -301,10 +301,11 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
     ends = tables.ends
     chunk = p2p_s(model, cluster, setup, s.tp, s.cp, s.micro_batch, spans["pp"].nodes > 1) if s.pp > 1 else 0.0
     overlaps = RUNTIME_RULES[setup.runtime].pp_overlap
+    hide = float(np.diff(tables.prefix["fwd"]).min()) if s.pp > 1 else 0.0  # a chunk holds a layer at least
     return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
                    microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision, setup.grad_reduce),
                    gather_bytes=gather_bytes(setup), prefix=tables.prefix, ends=ends,
-                   p2p_s=float(exposed_p2p_s(chunk, s.vpp, overlaps)),
+                   p2p_s=float(exposed_p2p_s(chunk, s.vpp, overlaps, hide)),
                    p2p_fill_s=float(p2p_fill_s(chunk, s.pp, s.vpp, overlaps)), transient_bytes=tables.transient_bytes,
                    prefetch_bytes=tables.prefetch_bytes, spans=spans,
                    zero=RUNTIME_RULES[setup.runtime].priced_zero(s.zero, s.pp))
@@ -359,15 +360,17 @@ def p2p_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp:
     return 2 * comm.p2p_time_s(p2p_message_bytes(model, setup, tp, cp, micro_batch), inter_node, cluster)
 
 
-def exposed_p2p_s(chunk_s, vpp, overlaps: bool):
+def exposed_p2p_s(chunk_s, vpp, overlaps: bool, hide_s=np.inf):
     """Pipeline send/receive time a stage shows per micro-batch, of `chunk_s` per virtual chunk
-    (p2p_s): all vpp chunks' unless its runtime overlaps the interleaved schedule's sends and
-    receives with computation (RuntimeRules.pp_overlap, vpp > 1), whose steady state then shows
-    none: a chunk's send hides behind the next chunk's computation, which outlasts it wherever a
-    layer's forward (24 h^2 / tp FLOPs a token) takes longer than its send (2 h / tp bytes a
-    token): on H100 over InfiniBand (~600 TFLOP/s, 47 GB/s) for hidden sizes above about 1,000.
-    The search's bounds read the same rule. vpp may be an array."""
-    return chunk_s * vpp * np.where(np.logical_and(overlaps, np.greater(vpp, 1)), 0.0, 1.0)
+    (p2p_s: one send each way): all vpp chunks' unless its runtime overlaps the interleaved
+    schedule's sends and receives with computation (RuntimeRules.pp_overlap, vpp > 1). Then each
+    send hides behind a chunk's computation, at least `hide_s` (its one layer's forward, the
+    shortest of the model's), and shows what that leaves: vpp * max(0, chunk_s - 2 * hide_s),
+    none where a layer's forward (24 h^2 / tp FLOPs a token) outlasts its send (2 h / tp bytes a
+    token), on H100 over InfiniBand (~600 TFLOP/s, 47 GB/s) for hidden sizes above about 1,000.
+    hide_s inf (the search's bounds, which read the same rule): none shows. vpp may be an array."""
+    overlapped = np.logical_and(overlaps, np.greater(vpp, 1))
+    return vpp * np.where(overlapped, np.maximum(0.0, chunk_s - 2 * hide_s), chunk_s)
 
 
 def p2p_fill_s(chunk_s, pp, vpp, overlaps: bool):
