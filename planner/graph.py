@@ -414,10 +414,12 @@ LOGIT_SAVED_BYTES = 4
 """per logit element: Megatron's vocab-parallel cross entropy keeps only the fp32 softmax
 (exp_logits) for backward; the head GEMM keeps its input, not the logits (PyTorch agrees). What
 the loss holds at its peak is the runtime's (runtimes.RuntimeRules.loss_bytes_per_logit)."""
-LOGIT_RW_BYTES = 38 + 22
+LOGIT_RW_BYTES = 38 + 14
 """HBM traffic per logit element, forward and backward, of Megatron's (unfused) vocab-parallel
 cross entropy in fp32: cast (2+4), max (4), subtract (4+4), exp (4+4), sum (4), normalise (4+4);
-backward: softmax - one-hot (4+4), scale by the loss gradient (4+4), cast back (4+2)"""
+backward: scale the softmax by the loss gradient (4+4), cast back (4+2); the target's logit is
+gathered and its one-hot subtracted one element a row (megatron-core 0.16.0
+tensor_parallel/cross_entropy.py, counted op by op in tests/test_torch_oracle.py)"""
 
 
 @dataclass(frozen=True, slots=True)

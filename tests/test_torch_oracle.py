@@ -635,34 +635,80 @@ def test_torchs_loss_parallel_peaks_at_the_2024_torchtitan_records_bytes_per_log
         assert RUNTIME_RULES[name].loss_bytes(1) == RUNTIME_RULES["torchtitan"].loss_bytes_per_logit
 
 
-def test_torchs_cross_entropy_on_an_fp32_cast_moves_the_torchtitan_records_bytes_per_logit():
-    """torchtitan's uncompiled loss (cross_entropy of the logits' fp32 cast), forward and backward,
-    op by op: every op's tensors, but nll_loss's, which gathers (forward) and scatters (backward)
-    one element a row, by what it writes alone."""
+def _loss_traffic_per_logit(loss_fn, batch=1, seq=64, vocab=16000) -> float:
+    """HBM bytes per logit element a loss moves, forward and backward, op by op under PyTorch's
+    dispatcher: what each op reads (its tensor arguments, an out= one excepted) and writes (its
+    results); a gather or scatter (index, index_put_, nll_loss) by its small operands and the
+    fresh tensors it writes, as its kernel moves one element a row of the logits. A wide
+    vocabulary keeps the per-row statistics (max, sums, labels) below 0.05 bytes a logit."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    from planner.runtimes import RUNTIME_RULES
+    n = batch * seq * vocab
+
+    def tensors(x):
+        return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
 
     class Count(TorchDispatchMode):
         total = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
             if not func.is_view:
-                moved = out if "nll_loss" in str(func) else (args, kwargs, out)
-                Count.total += sum(t.numel() * t.element_size() for t in tree_flatten(moved)[0]
-                                   if isinstance(t, torch.Tensor))
+                reads = tensors((args, {k: v for k, v in kwargs.items() if k != "out"}))
+                writes = tensors(out)
+                if str(func).startswith(("aten.index.", "aten.index_put", "aten.nll_loss")):
+                    reads = [t for t in reads if t.numel() < n]
+                    writes = [t for t in writes if not any(t is a for a in tensors(args))]
+                Count.total += sum(t.numel() * t.element_size() for t in reads + writes)
             return out
 
     torch.manual_seed(0)
-    batch, seq, vocab = 1, 256, 2000
     logits = torch.randn(batch, seq, vocab, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, vocab, (batch, seq))
     with Count():
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
-        loss.backward()
-    per_logit = Count.total / (batch * seq * vocab)
+        loss_fn(logits, labels).backward()
+    return Count.total / n
+
+
+def test_torchs_cross_entropy_on_an_fp32_cast_moves_the_torchtitan_records_bytes_per_logit():
+    """torchtitan's uncompiled loss (cross_entropy of the logits' fp32 cast)."""
+    from planner.runtimes import RUNTIME_RULES
+
+    def loss(logits, labels):
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+    per_logit = _loss_traffic_per_logit(loss)
     for name in ("torchtitan", "torchtitan@0.2", "torchtitan@2024-12", "torchtitan@2024-12-compiled"):
         assert per_logit == pytest.approx(RUNTIME_RULES[name].loss_traffic_per_logit, abs=0.05)
-    assert RUNTIME_RULES["megatron"].loss_traffic_per_logit is None  # Megatron-Core's: graph.LOGIT_RW_BYTES
+
+
+def test_megatron_cores_vocab_parallel_loss_moves_the_graphs_bytes_per_logit(tmp_path):
+    """megatron-core 0.16.0's unfused vocab_parallel_cross_entropy (one tensor-parallel rank, gloo
+    on CPU): what the records without a loss of their own price (graph.LOGIT_RW_BYTES)."""
+    import warnings
+    pytest.importorskip("megatron.core")
+    import torch.distributed as dist
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no Transformer Engine or Apex on CPU
+        from megatron.core import parallel_state
+        from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+
+    from planner.graph import LOGIT_RW_BYTES
+    from planner.runtimes import RUNTIME_RULES
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1)
+
+        def loss(logits, labels):  # Megatron's layout: [sequence, batch, vocab]
+            return vocab_parallel_cross_entropy(logits.transpose(0, 1), labels.transpose(0, 1)).mean()
+        per_logit = _loss_traffic_per_logit(loss)
+    finally:
+        parallel_state.destroy_model_parallel()
+        if started:
+            dist.destroy_process_group()
+    assert per_logit == pytest.approx(LOGIT_RW_BYTES, abs=0.05)
+    for name in ("megatron", "deepspeed", "nanotron"):  # Megatron-DeepSpeed and nanotron compute it alike
+        assert RUNTIME_RULES[name].loss_traffic_per_logit is None
