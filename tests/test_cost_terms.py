@@ -684,3 +684,25 @@ def test_an_overlapped_send_longer_than_a_layers_forward_shows_the_difference():
     hide = float(np.diff(prof.prefix["fwd"]).min())
     assert chunk > 2 * hide  # the send outlasts a layer's forward here
     assert prof.p2p_s == pytest.approx(2 * (chunk - 2 * hide), rel=1e-9)
+
+
+def test_a_version_1_efficiency_block_prices_sends_and_the_loss_as_it_always_did():
+    """Plans made with a seven-fraction block re-plan to the same numbers: under one, an
+    interleaved Megatron pipeline shows every micro-batch's sends, and the loss moves the 60 bytes
+    a logit that block was priced with."""
+    from planner.cost.step import estimate, loss_bytes, p2p_s, profile
+    from planner.graph import LEGACY_LOGIT_RW_BYTES
+    from planner.spec.efficiency import LegacyEfficiency
+    from planner.spec.training import Strategy, TrainingSetup
+
+    cluster = replace(load_cluster("dgx-h100"),
+                      efficiency=LegacyEfficiency(0.851221, 138.78, 0.56347, 0.765294, 0.289903, 0.701875, 4.83165e-15))
+    model = load_model("llama3-8b")
+    setup = TrainingSetup(gpus=32, global_batch=64, seq_len=2048, runtime="megatron")
+    s = Strategy(dp=4, pp=8, vpp=2, zero=1, dp_overlap=False, schedule="interleaved-1f1b")
+    prof = profile(model, cluster, setup, s)
+    chunk = p2p_s(model, cluster, setup, 1, 1, 1, prof.spans["pp"].nodes > 1)
+    m = s.num_microbatches(setup.global_batch)
+    assert prof.p2p_fill_s == 0.0
+    assert estimate(model, cluster, setup, s).breakdown_s["pp_comm"] == pytest.approx(m * 2 * chunk, rel=1e-9)
+    assert loss_bytes(setup, 1, legacy=True)[1] == LEGACY_LOGIT_RW_BYTES == 60

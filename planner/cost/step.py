@@ -19,6 +19,7 @@ import numpy as np
 
 from planner.cost import comm, compute, memory, pipeline
 from planner.graph import (
+    LEGACY_LOGIT_RW_BYTES,
     LOGIT_RW_BYTES,
     LOGIT_SAVED_BYTES,
     LOSSES,
@@ -300,7 +301,8 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
                             s.recompute, spans)
     ends = tables.ends
     chunk = p2p_s(model, cluster, setup, s.tp, s.cp, s.micro_batch, spans["pp"].nodes > 1) if s.pp > 1 else 0.0
-    overlaps = RUNTIME_RULES[setup.runtime].pp_overlap
+    # a version 1 efficiency block prices as it always did: every send shown
+    overlaps = RUNTIME_RULES[setup.runtime].pp_overlap and not isinstance(cluster.efficiency, LegacyEfficiency)
     hide = float(np.diff(tables.prefix["fwd"]).min()) if s.pp > 1 else 0.0  # a chunk holds a layer at least
     return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
                    microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision, setup.grad_reduce),
@@ -423,19 +425,23 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                                                                     sequence_parallel),
                          base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
                          tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
-                         *loss_bytes(setup, tp), RUNTIME_RULES[setup.runtime].eager_norm_bytes,
+                         *loss_bytes(setup, tp, isinstance(cluster.efficiency, LegacyEfficiency)),
+                         RUNTIME_RULES[setup.runtime].eager_norm_bytes,
                          quant_bytes(cluster, setup))
 
 
-def loss_bytes(setup: TrainingSetup, tp: int) -> tuple[float, float]:
+def loss_bytes(setup: TrainingSetup, tp: int, legacy: bool = False) -> tuple[float, float]:
     """(bytes per logit the loss holds at its peak, its HBM traffic per logit forward and
     backward): a fused loss's (TrainingSetup.loss_fusion: graph.LOSSES), else the runtime's own
     (runtimes.RuntimeRules.loss_bytes and loss_traffic_per_logit; Megatron-Core's unfused loss,
-    graph.LOGIT_RW_BYTES, where the record gives none)."""
+    graph.LOGIT_RW_BYTES, where the record gives none). `legacy` (a version 1 efficiency block):
+    the traffic every loss had then (graph.LEGACY_LOGIT_RW_BYTES)."""
     if setup.loss_fusion:
         kernel = LOSSES[setup.loss_fusion]
         return kernel.peak_bytes, kernel.traffic_bytes
     rules = RUNTIME_RULES[setup.runtime]
+    if legacy:
+        return rules.loss_bytes(tp), LEGACY_LOGIT_RW_BYTES
     return rules.loss_bytes(tp), rules.loss_traffic_per_logit or LOGIT_RW_BYTES
 
 
