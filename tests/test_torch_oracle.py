@@ -492,9 +492,9 @@ def test_torchtitans_uncompiled_loss_peaks_at_its_records_bytes_per_logit():
         RUNTIME_RULES["torchtitan"].loss_bytes_per_logit, abs=0.05)
 
 
-def test_megatron_cores_vocab_parallel_loss_peaks_at_its_records_bytes_per_logit(tmp_path):
-    """megatron-core 0.16.0's vocab_parallel_cross_entropy (one tensor-parallel rank, gloo on
-    CPU): the bf16 logits beside their fp32 copy, softmax and gradient in place."""
+def _on_one_megatron_rank(tmp_path, measure):
+    """`measure` (a loss's bytes per logit) of megatron-core 0.16.0's vocab_parallel_cross_entropy
+    on one tensor-parallel rank (gloo on CPU, a file rendezvous: no port to collide with)."""
     import warnings
     pytest.importorskip("megatron.core")
     import torch.distributed as dist
@@ -503,20 +503,26 @@ def test_megatron_cores_vocab_parallel_loss_peaks_at_its_records_bytes_per_logit
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 
-    from planner.runtimes import RUNTIME_RULES
     started = not dist.is_initialized()
-    if started:  # a file rendezvous: no port to collide with
+    if started:
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(1, 1)
 
         def loss(logits, labels):  # Megatron's layout: [sequence, batch, vocab]
             return vocab_parallel_cross_entropy(logits.transpose(0, 1), labels.transpose(0, 1)).mean()
-        measured = _loss_peak_bytes_per_logit(loss)
+        return measure(loss)
     finally:
         parallel_state.destroy_model_parallel()
         if started:
             dist.destroy_process_group()
+
+
+def test_megatron_cores_vocab_parallel_loss_peaks_at_its_records_bytes_per_logit(tmp_path):
+    """megatron-core 0.16.0's vocab_parallel_cross_entropy (one tensor-parallel rank, gloo on
+    CPU): the bf16 logits beside their fp32 copy, softmax and gradient in place."""
+    from planner.runtimes import RUNTIME_RULES
+    measured = _on_one_megatron_rank(tmp_path, _loss_peak_bytes_per_logit)
     for name in ("megatron", "deepspeed", "nanotron"):  # Megatron-DeepSpeed and nanotron compute it alike
         assert measured == pytest.approx(RUNTIME_RULES[name].loss_bytes_per_logit, abs=0.05)
 
@@ -686,29 +692,9 @@ def test_torchs_cross_entropy_on_an_fp32_cast_moves_the_torchtitan_records_bytes
 def test_megatron_cores_vocab_parallel_loss_moves_the_graphs_bytes_per_logit(tmp_path):
     """megatron-core 0.16.0's unfused vocab_parallel_cross_entropy (one tensor-parallel rank, gloo
     on CPU): what the records without a loss of their own price (graph.LOGIT_RW_BYTES)."""
-    import warnings
-    pytest.importorskip("megatron.core")
-    import torch.distributed as dist
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # no Transformer Engine or Apex on CPU
-        from megatron.core import parallel_state
-        from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-
     from planner.graph import LOGIT_RW_BYTES
     from planner.runtimes import RUNTIME_RULES
-    started = not dist.is_initialized()
-    if started:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-    try:
-        parallel_state.initialize_model_parallel(1, 1)
-
-        def loss(logits, labels):  # Megatron's layout: [sequence, batch, vocab]
-            return vocab_parallel_cross_entropy(logits.transpose(0, 1), labels.transpose(0, 1)).mean()
-        per_logit = _loss_traffic_per_logit(loss)
-    finally:
-        parallel_state.destroy_model_parallel()
-        if started:
-            dist.destroy_process_group()
+    per_logit = _on_one_megatron_rank(tmp_path, _loss_traffic_per_logit)
     assert per_logit == pytest.approx(LOGIT_RW_BYTES, abs=0.05)
     for name in ("megatron", "deepspeed", "nanotron"):  # Megatron-DeepSpeed and nanotron compute it alike
         assert RUNTIME_RULES[name].loss_traffic_per_logit is None
