@@ -420,6 +420,12 @@ cross entropy in fp32: cast (2+4), max (4), subtract (4+4), exp (4+4), sum (4), 
 backward: scale the softmax by the loss gradient (4+4), cast back (4+2); the target's logit is
 gathered and its one-hot subtracted one element a row (megatron-core 0.16.0
 tensor_parallel/cross_entropy.py, counted op by op in tests/test_torch_oracle.py)"""
+TORCH_LOSS_RW_BYTES = 36
+"""the same of PyTorch's cross_entropy on the logits' fp32 cast (torchtitan's loss uncompiled):
+the cast (2 + 4), log_softmax (4 + 4), its backward (4 + 4 + 4), nll_loss's backward writing the
+gradient (4, a scatter of one element a row), the cast back (4 + 2); nll_loss itself gathers one
+element a row (counted op by op in tests/test_torch_oracle.py). A compiled loss moves at most
+that"""
 LEGACY_LOGIT_RW_BYTES = 60
 """what every loss moved under a version 1 efficiency block (the one-hot update counted as a full
 pass), which prices as it always did (spec/efficiency.LegacyEfficiency)"""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner.graph import TORCH_LOSS_RW_BYTES
 from planner.spec.training import FP8_RECIPES, LOSS_FUSIONS
 
 
@@ -132,12 +133,10 @@ class RuntimeRules:
     off without them (arguments.py at 000c4ac lines 603-618; --no-overlap-p2p-communication turns
     it off); cost/step.exposed_p2p_s prices what shows"""
     loss_traffic_per_logit: float | None = None
-    """HBM bytes per logit element its own loss moves, forward and backward; None: Megatron-Core's
-    unfused vocab-parallel loss (graph.LOGIT_RW_BYTES). 36 for PyTorch's cross_entropy on an fp32
-    cast (torchtitan's loss uncompiled), counted op by op in tests/test_torch_oracle.py: the cast
-    (2 + 4), log_softmax (4 + 4), its backward (4 + 4 + 4), nll_loss's backward writing the
-    gradient (4, a scatter of one element a row), the cast back (4 + 2); nll_loss itself gathers
-    one element a row. A compiled loss moves at most that (torchtitan@compile: an upper bound)"""
+    """HBM bytes per logit element its own loss moves, forward and backward, of those graph.py
+    counts: None is Megatron-Core's unfused vocab-parallel loss (graph.LOGIT_RW_BYTES); torchtitan
+    runs PyTorch's cross_entropy on an fp32 cast (graph.TORCH_LOSS_RW_BYTES, an upper bound for
+    torchtitan@compile's compiled loss)"""
     loss_fusions: tuple[str, ...] = ()
     """the fused cross-entropy losses it can run in place of its own (spec/training.LOSS_FUSIONS,
     priced by graph.LOSSES): Megatron-LM's --cross-entropy-loss-fusion with
@@ -321,7 +320,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                # torchao Float8LinearConfig's default recipe: dynamic per-tensor scaling
                                fp8_recipes=("tensorwise",),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0,
-                               loss_traffic_per_logit=36.0,
+                               loss_traffic_per_logit=TORCH_LOSS_RW_BYTES,
                                # module_fqns_per_model_part: each stage's own layers (torchtitan 0.3.0
                                # config/configs.py ParallelismConfig; 0.2.x job_config.Parallelism)
                                pool_stages="same_library",
