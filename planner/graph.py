@@ -40,7 +40,8 @@ class Ctx:
     ep: int = 1
     sp: bool = False
     recompute: str = "none"
-    """recompute mode of this layer: none | selective | full"""
+    """recompute mode of this layer: none | selective (the attention core) | op (torchtitan's
+    per-op policy, op_policy) | full"""
     flash: bool = True
     dropout: float = 0.0
     folded: bool = False
@@ -92,6 +93,8 @@ class Work:
     expert_params_local: float
     gemm_weight_params: float
     """parameters in GEMM weight matrices, unsharded (Korthikanti's 12*h^2 per layer)"""
+    op_recomputed: tuple[float, ...]
+    """per GEMM of `gemms`, the share of its forward FLOPs the per-op policy recomputes (op_policy)"""
     model_flops: float
     """forward model FLOPs of the micro-batch, whole layer, not sharded (MFU numerator)"""
     norm_elements: float = 0.0
@@ -123,6 +126,9 @@ class Linear:
     Transformer Engine specs fuse the norm into the linear: TELayerNormColumnParallelLinear for
     the QKV, a dense layer's first MLP linear and MLA's up-projections behind their latent norms;
     MLA's down-projections and an MoE layer's MLPs read a standalone norm's output)"""
+    parts: tuple[int, ...] = ()
+    """the output widths of the separate linears this one fuses, in the order a runtime that keeps
+    them apart calls them (torchtitan: wq, wk, wv; SwiGLU's w1 then w3); () for one linear"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +169,9 @@ class Layer:
 
 
 def _mlp(hidden: int, width: int, act: str, norm_fed: bool = False) -> tuple[Linear, ...]:
-    up = 2 * width if act == "swiglu" else width
-    return (Linear(hidden, up, "col", norm_fed), Linear(width, hidden, "row"))
+    if act == "swiglu":
+        return (Linear(hidden, 2 * width, "col", norm_fed, (width, width)), Linear(width, hidden, "row"))
+    return (Linear(hidden, width, "col", norm_fed), Linear(width, hidden, "row"))
 
 
 def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
@@ -185,7 +192,8 @@ def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
     else:
         d_qk = d_v = spec.head_dim
         kv = spec.kv_heads
-        attn = (Linear(h, (a + 2 * kv) * d_qk, "col", True), Linear(a * d_qk, h, "row"))
+        attn = (Linear(h, (a + 2 * kv) * d_qk, "col", True, (a * d_qk, kv * d_qk, kv * d_qk)),
+                Linear(a * d_qk, h, "row"))
     layers, kinds = [], {}
     for i in range(spec.layers):
         common = dict(hidden=h, q_heads=a, kv_heads=kv, d_qk=d_qk, d_v=d_v, attn_linears=attn,
@@ -304,6 +312,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     elementwise = norm_rw + bias_dropout_add + act_rw + rope_rw + permute_rw
 
     saved = _saved(layer, ctx, tokens, rep, q_local, kv_local, score_elems, expert_tokens)
+    # the per-op policy recomputes its uncounted matmuls whole: the experts' grouped GEMMs and the router's
+    op_recomputed = op_policy(layer)[0] + (1.0,) * (len(gemms) - len(layer.attn_linears + layer.mlp_linears))
     params_local = _dense_local(layer, tp) + 2 * h * (2 if layer.norm == "layernorm" else 1) + h * layer.experts
     dense_w, _, ew, eb = _layer_weights(layer)
     expert_local_all = layer.experts * (ew + eb) / (etp * ctx.ep)
@@ -322,8 +332,54 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         ep_collectives=2 if layer.experts else 0,
         saved=saved, saved_full_recompute=ACT_BYTES * rep,
         params_local=params_local, expert_params_local=expert_local_all,
-        gemm_weight_params=gemm_weights, model_flops=model_flops, norm_elements=2 * rep,
+        gemm_weight_params=gemm_weights, op_recomputed=op_recomputed, model_flops=model_flops, norm_elements=2 * rep,
         quant_elements=tuple(quant))
+
+
+@lru_cache(maxsize=4096)
+def op_policy(layer: Layer) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """torchtitan's per-op activation checkpointing of a layer's dense linears (activation_checkpoint
+    mode 'selective' with selective_ac_option 'op', its Llama 3 configs' default): the policy
+    counts the matmuls a block calls and saves the output of the odd ones, recomputing every
+    second (torchtitan 1ea476e9f, 2024-04, parallelisms/parallelize_llama.py no_recompute_list;
+    the same rule at 9dec370, e7c0cae and in 0.3.0's distributed/activation_checkpoint.py
+    SelectiveAC). Its blocks call wq, wk, wv, wo, then w1, w3, w2 (SwiGLU) or the MLP's two
+    (Linear.parts splits this graph's fused linears in that order); MoE routers and the experts'
+    grouped GEMMs are not counted (0.3.0 forces the router's recomputation; aten._grouped_mm is not
+    in its save list). Returns, per dense linear (attn_linears then mlp_linears), the share of
+    its output recomputed and the output width it saves, unsharded."""
+    count, shares, kept = 0, [], []
+    for linear in layer.attn_linears + layer.mlp_linears:
+        width = 0
+        for part in linear.parts or (linear.n,):
+            count += 1
+            width += part if count % 2 else 0
+        shares.append(1.0 - width / linear.n)
+        kept.append(float(width))
+    return tuple(shares), tuple(kept)
+
+
+def _op_saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, score_elems: float,
+              expert_tokens: float) -> Saved:
+    """What torchtitan's per-op policy (op_policy) keeps of a layer for backward, in 16 bits (its
+    Float8Linear saves 16-bit inputs too): the block's input (the checkpoint's), the outputs of the
+    matmuls it saves (column-parallel ones sharded by tp, row-parallel ones whole: the partial sums
+    before their reduction), the attention kernel's output (with its log-sum-exp) and, eager,
+    its probabilities (the math kernel's second output), the reduce-scatters' outputs under
+    sequence parallelism, and the expert all-to-alls' outputs where tokens cross ranks (ep > 1);
+    everything else (norms, rotary embedding, activation, residual adds, the all-gathers) it
+    recomputes."""
+    main = ACT_BYTES * rep
+    for linear, width in zip(layer.attn_linears + layer.mlp_linears, op_policy(layer)[1]):
+        main += ACT_BYTES * tokens * width / (ctx.tp if linear.split == "col" else 1)
+    main += ACT_BYTES * tokens * q_local * layer.d_v
+    if not ctx.flash:
+        main += ACT_BYTES * score_elems
+    if ctx.tp > 1 and ctx.sp:
+        main += 2 * ACT_BYTES * rep
+    if layer.experts and ctx.ep > 1:
+        main += 2 * ACT_BYTES * expert_tokens * layer.hidden / ctx.tp
+    return Saved(main=main, aux=4 * tokens * q_local if ctx.flash else 0.0)
 
 
 def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,
@@ -344,6 +400,8 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     """
     if ctx.recompute == "full":
         return Saved(main=ACT_BYTES * rep, aux=0.0)
+    if ctx.recompute == "op":
+        return _op_saved(layer, ctx, tokens, rep, q_local, score_elems, expert_tokens)
     d = ctx.dropout > 0
     g = FP8_BYTES if ctx.quantised_inputs else ACT_BYTES
     main = 2 * (ACT_BYTES + g) * rep + (2 * MASK_BYTES * rep if d else 0)
@@ -374,7 +432,8 @@ def _explicit_work(layer: Layer, ctx: Ctx) -> Work:
     return Work(gemms=((flops, 1e9),), attn_flops=0.0, attn_intensity=1.0, elementwise_bytes=0.0,
                 core_elementwise_bytes=0.0, tp_message_bytes=0.0, tp_collectives=0, cp_message_bytes=0.0, ep_message_bytes=0.0,
                 ep_collectives=0, saved=saved, saved_full_recompute=output_bytes * b,
-                params_local=params, expert_params_local=0.0, gemm_weight_params=params, model_flops=flops)
+                params_local=params, expert_params_local=0.0, gemm_weight_params=params, op_recomputed=(0.0,),
+                model_flops=flops)
 
 
 @dataclass(frozen=True, slots=True)

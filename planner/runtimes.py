@@ -106,6 +106,11 @@ class RuntimeRules:
     prices the first one the GPU has a measured table of (cost/compute.attention_time_s)"""
     recompute_modes: tuple[str, ...] = ("none", "selective", "full")
     """the activation recomputation it runs"""
+    selective_mode: str = "selective"
+    """what its selective recomputation recomputes, the layer mode (graph.Ctx.recompute) it is
+    priced in: 'selective', the attention core (Korthikanti et al. 2022; Megatron-LM's
+    --recompute-granularity selective), or 'op', torchtitan's per-op policy (graph.op_policy:
+    every second matmul and the memory-bound ops, the attention kernel's output kept)"""
     pp_outermost_unless_cp_is_ep: bool = False
     """with pipeline stages, a rank order that does not end in pp runs only where the expert
     data-parallel size dp*cp/ep equals dp, that is cp == ep (megatron-core 0.16.0
@@ -326,7 +331,11 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                pool_stages="same_library",
                                # data_parallel_replicate_degree x data_parallel_shard_degree (HSDP;
                                # ParallelDims mesh pp, dp_replicate, dp_shard, cp, tp)
-                               hybrid_zero=(3,)),
+                               hybrid_zero=(3,),
+                               # activation_checkpoint mode 'selective' is SelectiveAC, the per-op
+                               # policy (0.3.0 distributed/activation_checkpoint.py; 0.2.x and
+                               # since 2024-04 selective_ac_option 'op')
+                               selective_mode="op"),
 }
 # Runtimes that published runs ran on but that the search does not target (a version, or a
 # setting, of a target; or a runtime described only by its kernels and loss): what the cost

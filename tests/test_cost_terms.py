@@ -146,14 +146,16 @@ def test_korthikanti_fig1_memory_in_paper_accounting(run):
 # weights/grads/optimizer add the embedding table, biases and LayerNorms (+1.5 % on 22B, +2.9 %
 # on 175B, +7.0 % on 530B, +8.3 % on 1T, where one stage holds few layers beside the embedding);
 # activations add LayerNorm statistics, the embedding dropout mask and allocator fragmentation
-# (+0.2 % to +2.4 %), and on 22B, whose one stage also computes the loss, the loss's peak over
-# its saved softmax (2 bytes a logit: +1.0 %); `other` adds the runtime's 1 GiB reserve and
-# fragmentation (1.5-2.4 GiB).
+# (+0.2 % to +2.4 %), on 22B, whose one stage also computes the loss, the loss's peak over
+# its saved softmax (2 bytes a logit: +1.0 %), and the one layer whose attention core selective
+# recomputation rebuilds in backward, its scores, probabilities and dropout mask held while it
+# runs (+1.2 % to +6.6 %: one layer among the stage's few); `other` adds the runtime's 1 GiB
+# reserve and fragmentation (1.5-2.4 GiB).
 DEFAULT_VS_PAPER = {
-    "korthikanti22-t5-22b-seqsel": (1.015, 1.034),
-    "korthikanti22-t5-175b-seqsel": (1.029, 1.002),
-    "korthikanti22-t5-530b-seqsel": (1.070, 1.010),
-    "korthikanti22-t5-1t-seqsel": (1.083, 1.015),
+    "korthikanti22-t5-22b-seqsel": (1.015, 1.099),
+    "korthikanti22-t5-175b-seqsel": (1.029, 1.022),
+    "korthikanti22-t5-530b-seqsel": (1.070, 1.023),
+    "korthikanti22-t5-1t-seqsel": (1.083, 1.029),
 }
 
 

@@ -185,7 +185,8 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     eff, gpu = cluster.efficiency, cluster.gpu
     w = layer_work(layer, ctx)
     gemm = sum(compute.gemm_time_s(f, i, gpu, precision, eff) for f, i in w.gemms)
-    gemm_fwd = sum(compute.gemm_time_s(f, i, gpu, precision, eff, forward=True) for f, i in w.gemms)
+    gemms_fwd = [compute.gemm_time_s(f, i, gpu, precision, eff, forward=True) for f, i in w.gemms]
+    gemm_fwd = sum(gemms_fwd)
     attn, attn_bwd = attention_core_s(layer, ctx, w, cluster, precision, kernel)
     mem = compute.memory_time_s(w.elementwise_bytes, gpu, eff)
     core_mem = compute.memory_time_s(w.core_elementwise_bytes, gpu, eff)
@@ -213,7 +214,14 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
                                                                 layer.group_topk))
     else:
         ep_one = w.ep_collectives * comm.collective_time_s("all_to_all", w.ep_message_bytes, ep_span, cluster)
-    recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]
+    if ctx.recompute == "op":
+        # the matmuls the policy does not save, every memory-bound op, and the tp collectives
+        # whose outputs it does not keep: the all-gathers under sequence parallelism (half a pair's
+        # all-reduce time), the all-reduces without
+        recompute = (sum(share * t for share, t in zip(w.op_recomputed, gemms_fwd)) + mem + core_mem + norm_fwd
+                     + quant_fwd + (tp_one / 2 if ctx.sp else tp_one))
+    else:
+        recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]
     ep = 2 * ep_one
     if ep_overlap:
         covered = min(ep, fwd + bwd)
@@ -417,13 +425,22 @@ def base_mode(recompute: str) -> str:
     return "none" if recompute == "full" else recompute
 
 
+def priced_mode(setup: TrainingSetup, recompute: str) -> str:
+    """The layer recompute mode (graph.Ctx.recompute) a strategy's `recompute` is priced in on the
+    setup's runtime: 'selective' is what that runtime's selective recomputation recomputes
+    (runtimes.RuntimeRules.selective_mode: Megatron's attention core, torchtitan's per-op
+    policy); the others as they are."""
+    return RUNTIME_RULES[setup.runtime].selective_mode if recompute == "selective" else recompute
+
+
 def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp: int, cp: int, ep: int,
                    micro_batch: int, sequence_parallel: bool, recompute: str, spans: dict) -> LayerTables:
     """The layer tables of a layer context: what every strategy with these tp, cp, ep,
     micro-batch, sequence parallelism, recompute mode and tp/cp/ep group spans shares."""
     return _layer_tables(model, cluster, setup.precision, layer_ctx(model, setup, tp, cp, ep, micro_batch,
                                                                     sequence_parallel),
-                         base_mode(recompute), spans["tp"], spans["cp"], spans["ep"], kernel_of(cluster, setup),
+                         priced_mode(setup, base_mode(recompute)), spans["tp"], spans["cp"], spans["ep"],
+                         kernel_of(cluster, setup),
                          tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
                          *loss_bytes(setup, tp, isinstance(cluster.efficiency, LegacyEfficiency)),
                          RUNTIME_RULES[setup.runtime].eager_norm_bytes,
@@ -467,7 +484,7 @@ def layer_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: i
     under `recompute` ('full': every layer recomputed): the layer tables' memory rows, from the
     layers' work alone (no timing), for memory floors taken before any context is priced."""
     base = layer_ctx(model, setup, tp, cp, ep, micro_batch, sequence_parallel)
-    work = [layer_work(k, _kind_ctx(base, k, recompute)) for k in _kinds(model)[0]]
+    work = [layer_work(k, _kind_ctx(base, k, priced_mode(setup, recompute))) for k in _kinds(model)[0]]
     return (min(w.saved.total for w in work),
             tuple(sorted({(w.params_local, w.expert_params_local) for w in work})))
 
@@ -475,12 +492,14 @@ def layer_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: i
 @lru_cache(maxsize=16384)
 def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, micro_batch: int,
                            sequence_parallel: bool) -> bool:
-    """Whether selective recomputation keeps fewer activations than none in this layer context
-    (the attention core's; the experts' do not change, so ep does not matter). With flash
-    attention it keeps the same (the scores it would drop are never stored), so it only adds
-    time: every strategy with it is matched by the same strategy without."""
+    """Whether selective recomputation keeps fewer activations than none in this layer context.
+    Megatron's (the attention core's; the experts' do not change, so ep does not matter) keeps the
+    same with flash attention (the scores it would drop are never stored), so it only adds time
+    there: every strategy with it is matched by the same strategy without. torchtitan's per-op
+    policy keeps less in every context with a layer of linears."""
     base = layer_ctx(model, setup, tp, cp, 1, micro_batch, sequence_parallel)
-    return any(layer_work(k, _variant(base, "selective", 1)).saved.total
+    mode = priced_mode(setup, "selective")
+    return any(layer_work(k, _variant(base, mode, 1)).saved.total
                < layer_work(k, _variant(base, "none", 1)).saved.total for k in _kinds(model)[0])
 
 
@@ -666,7 +685,7 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
     return stage_memory(prof.zero, dense, sums["expert"],
                         *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard),
                         pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
-                        prof.transient_bytes * (sums["n_rec"] > 0), prof.prefetch_bytes,
+                        prof.transient_bytes * ((sums["n_rec"] > 0) | (s.recompute == "selective")), prof.prefetch_bytes,
                         dp_grad_bytes(prof.setup.precision, prof.setup.grad_reduce))
 
 
@@ -895,14 +914,17 @@ def _model_flops_per_layer(model: ModelSpec, seq_len: int) -> tuple[tuple[float,
 
 
 @lru_cache(maxsize=64)
-def _executed_per_sequence(model: ModelSpec, seq_len: int, flash: bool) -> tuple[np.ndarray, np.ndarray, float]:
+def _executed_per_sequence(model: ModelSpec, seq_len: int, flash: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                                 float]:
     """Of one sequence: per layer of the chain the forward FLOPs a GPU executes (its GEMMs and
-    attention core, causal flash at half the scores) and the attention core's part; and the LM
-    head's forward."""
+    attention core, causal flash at half the scores), the attention core's part and the part of
+    its GEMMs' the per-op policy recomputes (graph.op_policy); and the LM head's forward."""
     ctx = Ctx(micro_batch=1, seq_len=seq_len, flash=flash)
     works = [layer_work(layer, ctx) for layer in _layers(model)]
     return (np.array([sum(f for f, _ in w.gemms) + w.attn_flops for w in works]),
-            np.array([w.attn_flops for w in works]), head_work(model, ctx).gemm_flops)
+            np.array([w.attn_flops for w in works]),
+            np.array([sum(share * f for share, (f, _) in zip(w.op_recomputed, w.gemms)) for w in works]),
+            head_work(model, ctx).gemm_flops)
 
 
 def compute_floor_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup) -> float:
@@ -937,13 +959,14 @@ def compute_floor_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup) ->
 def executed_flops_per_step(model: ModelSpec, setup: TrainingSetup, s: Strategy, stages) -> float:
     """FLOPs the GPUs execute in one step: forward, backward at twice the forward (a flash
     attention core's at 2.5x: it recomputes the scores, Dao 2023 §3.1), and what recomputation
-    runs again (the forward of each stage's recomputed layers under 'full', the attention core
-    under 'selective'), for every sequence of the global batch."""
-    fwd, attn, head = _executed_per_sequence(model, setup.seq_len, setup.attention == "flash")
+    runs again (the forward of each stage's recomputed layers under 'full'; under 'selective' the
+    attention core, or on a runtime with the per-op policy the GEMMs it recomputes), for every
+    sequence of the global batch."""
+    fwd, attn, op_gemms, head = _executed_per_sequence(model, setup.seq_len, setup.attention == "flash")
     extra = (compute.FLASH_BWD_FACTOR - 2.0) if setup.attention == "flash" else 0.0
     total = 3 * fwd.sum() + extra * attn.sum() + 3 * head
     if s.recompute == "selective":
-        total += attn.sum()
+        total += op_gemms.sum() if priced_mode(setup, "selective") == "op" else attn.sum()
     elif s.recompute == "full":
         for stage in stages:
             left = stage.recompute_layers

@@ -12,8 +12,8 @@ Key names are those of torchtitan/config/job_config.py in the torchtitan 0.2.0 a
 - with pp > 1 one step is one pipeline pass: local_batch_size = micro_batch * micro-batches and
   pipeline_parallel_microbatch_size = micro_batch; without pp, gradient accumulation runs the
   micro-batches (global_batch_size / (local_batch_size * dp));
-- selective recompute is torchtitan's per-op policy ("op"), which saves matmul and
-  attention outputs rather than recomputing attention, so its memory differs from the plan's;
+- selective recompute is torchtitan's per-op policy ("op"), as the plan prices it on torchtitan
+  (runtimes.RuntimeRules.selective_mode, graph.op_policy);
 - torchtitan's tensor parallelism always shards the sequence (sequence parallel), and FSDP2
   always overlaps its communication (dp_overlap is not a knob).
 
