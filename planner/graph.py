@@ -336,6 +336,12 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         quant_elements=tuple(quant))
 
 
+def _lse_bytes(ctx: Ctx, tokens: float, q_local: float) -> float:
+    """The fp32 log-sum-exp per token and local head a flash attention kernel keeps for its
+    backward (none eager)."""
+    return 4 * tokens * q_local if ctx.flash else 0.0
+
+
 @lru_cache(maxsize=4096)
 def op_policy(layer: Layer) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """torchtitan's per-op activation checkpointing of a layer's dense linears (activation_checkpoint
@@ -379,7 +385,7 @@ def _op_saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float,
         main += 2 * ACT_BYTES * rep
     if layer.experts and ctx.ep > 1:
         main += 2 * ACT_BYTES * expert_tokens * layer.hidden / ctx.tp
-    return Saved(main=main, aux=4 * tokens * q_local if ctx.flash else 0.0)
+    return Saved(main=main, aux=_lse_bytes(ctx, tokens, q_local))
 
 
 def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,
@@ -420,7 +426,7 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
         main += (g + ACT_BYTES) * expert_tokens * layer.hidden / ctx.tp
         main += per_token_mlp * expert_tokens * expert_width / ctx.tp
     stats = (8 if layer.norm == "layernorm" else 4) * 2 * tokens / (ctx.tp if ctx.sp else 1)
-    lse = 4 * tokens * q_local if ctx.flash else 0.0
+    lse = _lse_bytes(ctx, tokens, q_local)
     return Saved(main=main, aux=stats + lse)
 
 
