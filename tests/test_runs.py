@@ -1,6 +1,7 @@
 """The bundled published runs: what every row must state, and the wall between calibration and
 out-of-sample checks."""
 
+import numpy as np
 import pytest
 import yaml
 
@@ -32,32 +33,68 @@ def test_every_check_row_says_how_its_step_time_was_derived():
 
 
 def test_band_falls_back_from_gpu_to_family_to_all():
-    from planner.bands import MIN_ROWS, Residual, band
+    from planner.bands import MIN_SOURCES, Residual, band
 
-    rows = [Residual("h100", "hopper", f"doc{i}", -0.1 * i) for i in range(MIN_ROWS)]
+    rows = [Residual("h100", "hopper", f"doc{i}", -0.1 * i + 0.01 * j) for i in range(MIN_SOURCES) for j in range(2)]
     rows += [Residual("a100", "ampere", "docA", 0.05)]
-    assert band("h100", "hopper", rows).basis == "gpu h100"
-    assert band("h200", "hopper", rows).basis == "family hopper"
-    assert band("a100", "ampere", rows).basis == "all GPUs"
+    assert band("h100", "hopper", rows).basis == f"gpu h100, {MIN_SOURCES} sources"
+    assert band("h200", "hopper", rows).basis == f"family hopper, {MIN_SOURCES} sources"
+    assert band("a100", "ampere", rows).basis == f"all GPUs, {MIN_SOURCES + 1} sources"
     b = band("h100", "hopper", rows)
-    assert b.low <= -0.1 * (MIN_ROWS - 1) * 0.8 and b.high >= -0.1 * 0.5  # 10th and 90th percentiles
-    # a row is never judged by its own document's errors
-    assert band("h100", "hopper", rows, exclude_document="doc0").rows == MIN_ROWS  # 4 of h100 left: all GPUs
+    assert b.rows == 2 * MIN_SOURCES and b.low < -0.1 * (MIN_SOURCES - 1) and b.high > 0.01
+    # a row is never judged by its own document's errors: h100 keeps too few sources, all GPUs has enough
+    left = band("h100", "hopper", rows, exclude_document="doc0")
+    assert left.basis == f"all GPUs, {MIN_SOURCES} sources" and left.rows == 2 * MIN_SOURCES - 1
+    assert band("a100", "ampere", rows[:2 * (MIN_SOURCES - 1)]) is None  # too few sources anywhere
     low, high = b.step_time_range_s(1.0)
     assert low == 1.0 / (1 + b.high) and high == 1.0 / (1 + b.low)
 
 
-def test_band_ends_sit_at_the_predictive_ranks():
-    """The band's ends are the errors at ranks 0.1 * (n + 1) and 0.9 * (n + 1) (interpolated), so
-    that a new exchangeable error falls below the low end with probability 0.1: with errors
-    1..n the ends are those ranks themselves (a sample percentile, rank 0.1 * (n - 1) + 1, would
-    give 3.0 and 19.0 at n = 21)."""
+def test_band_is_the_random_effects_prediction_interval():
+    """Two sources' rows and a third's, computed by hand from the one-way random-effects model
+    (Higgins, Thompson & Spiegelhalter 2009, eq. 12): within-source sum of squares over N - k,
+    the source means' variance less its within-source part, t with k - 2 degrees of freedom."""
+    from statistics import mean, variance
+
+    from scipy.stats import t
+
     from planner.bands import Residual, band
 
-    for n in (9, 21, 40):
-        rows = [Residual("h100", "hopper", f"doc{k % 3}", float(k)) for k in range(n, 0, -1)]
-        b = band("h100", "hopper", rows)
-        assert b.low == pytest.approx(0.1 * (n + 1)) and b.high == pytest.approx(0.9 * (n + 1))
+    by_doc = {"a": [-0.20, -0.10, -0.15], "b": [0.05, 0.07], "c": [0.00, -0.02, -0.04, 0.02]}
+    rows = [Residual("h100", "hopper", d, e) for d, es in by_doc.items() for e in es]
+    means = [mean(es) for es in by_doc.values()]
+    ss = sum((e - mean(es)) ** 2 for es in by_doc.values() for e in es)
+    sigma2 = ss / (9 - 3)
+    tau2 = max(0.0, variance(means) - sigma2 * mean(1 / len(es) for es in by_doc.values()))
+    half = t.ppf(0.9, 1) * (tau2 + sigma2 + variance(means) / 3) ** 0.5
+    b = band("h100", "hopper", rows)
+    assert b.low == pytest.approx(mean(means) - half) and b.high == pytest.approx(mean(means) + half)
+    # a source's weight is one source's, however many rows it has
+    heavy = rows + [Residual("h100", "hopper", "a", -0.15)] * 40
+    assert band("h100", "hopper", heavy).low == pytest.approx(mean(means) - half, abs=0.02)
+
+
+def test_band_covers_a_new_source_as_often_as_it_says():
+    """Errors drawn as sources do (a shared offset per source, tau 0.08, and rows around it,
+    sigma 0.04, 3 to 12 rows a source): the band from 8 sources holds a new source's run 80 % of
+    the time; the pooled rows' percentiles (each row a draw) would hold fewer."""
+    from planner.bands import Residual, band
+
+    rng = np.random.default_rng(11)
+    inside = pooled_inside = 0
+    trials = 3000
+    for _ in range(trials):
+        rows = []
+        for d in range(8):
+            offset = rng.normal(0.0, 0.08)
+            rows += [Residual("h100", "hopper", f"doc{d}", offset + rng.normal(0.0, 0.04))
+                     for _ in range(rng.integers(3, 13))]
+        new = rng.normal(0.0, 0.08) + rng.normal(0.0, 0.04)
+        inside += band("h100", "hopper", rows).contains(new)
+        low, high = np.quantile([r.error for r in rows], (0.1, 0.9), method="weibull")
+        pooled_inside += low <= new <= high
+    assert 0.77 <= inside / trials <= 0.86
+    assert pooled_inside / trials < inside / trials - 0.03
 
 
 def test_validate_reports_bias_beside_mape():
@@ -111,7 +148,7 @@ def test_a_plan_carries_its_band_and_a_cluster_without_its_own_fit_a_wider_one()
     own = make_plan(model, load_cluster("dgx-h100"), gpus=8, global_batch=16, top=0)["prediction"]
     borrowed = make_plan(model, load_cluster("dgx-h200"), gpus=8, global_batch=16, top=0)["prediction"]
     b, w = own["band"], borrowed["band"]
-    assert b["basis"] == "gpu h100-sxm-80g" and b["rows"] >= 5 and b["low_error"] < b["high_error"]
+    assert b["basis"].startswith("gpu h100-sxm-80g, ") and b["rows"] >= 5 and b["low_error"] < b["high_error"]
     lo, hi = b["step_time_s"]
     assert lo == pytest.approx(own["step_time_s"] / (1 + b["high_error"]), rel=1e-5)
     assert hi == pytest.approx(own["step_time_s"] / (1 + b["low_error"]), rel=1e-5)
