@@ -50,6 +50,15 @@ class Ctx:
     quantised_inputs: bool = False
     """fp8 GEMM inputs kept for backward as their 1-byte copies (runtimes.RuntimeRules
     .fp8_saves_quantised under fp8), not in 16 bits"""
+    eager_swiglu: bool = False
+    """SwiGLU runs as eager silu and mul (runtimes.RuntimeRules.eager_swiglu): the mul keeps silu's
+    output for its backward, beside both GEMM outputs"""
+    eager_norm: bool = False
+    """RMSNorm runs as eager ops on an fp32 cast (runtimes.RuntimeRules.eager_norm_bytes): it keeps
+    the fp32 copy of its input and its normalised 16-bit value, not the 16-bit input"""
+    expanded_kv: bool = False
+    """K and V are expanded to every query head before the attention kernel
+    (runtimes.RuntimeRules.expanded_kv), which then keeps them at the query heads' count"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,9 +434,36 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
         # routed token copies (expert inputs) and expert outputs kept for the routing-weight gradient
         main += (g + ACT_BYTES) * expert_tokens * layer.hidden / ctx.tp
         main += per_token_mlp * expert_tokens * expert_width / ctx.tp
+    main += _eager_saved(layer, ctx, tokens, rep, q_local, kv_local, expert_tokens)
     stats = (8 if layer.norm == "layernorm" else 4) * 2 * tokens / (ctx.tp if ctx.sp else 1)
     lse = _lse_bytes(ctx, tokens, q_local)
     return Saved(main=main, aux=stats + lse)
+
+
+EAGER_NORM_EXTRA_BYTES = 4
+"""bytes per element an eager RMSNorm keeps beyond a fused kernel's 16-bit input: the fp32 cast
+of its input (4, which pow and the rsqrt multiply save) and the normalised value cast back (2,
+which the weight multiply saves) in place of the input (2); counted by PyTorch on CPU in
+tests/test_torch_oracle.py (torchtitan 9dec370 models/norms.py RMSNorm)"""
+
+
+def _eager_saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,
+                 expert_tokens: float) -> float:
+    """What running parts of a layer as eager PyTorch ops keeps beyond the fused kernels _saved
+    counts (without recomputation, or with the attention core's): eager SwiGLU keeps silu's
+    output, ACT_BYTES a ffn element (dense and expert); eager RMSNorm EAGER_NORM_EXTRA_BYTES an
+    element of both norms; K and V expanded to the query heads keep ACT_BYTES * (q - kv) heads
+    each. Each counted by PyTorch's saved-tensor hooks on CPU (tests/test_torch_oracle.py)."""
+    extra = 0.0
+    if ctx.eager_swiglu and layer.ffn_act == "swiglu":
+        extra += ACT_BYTES * tokens * layer.ffn_width / ctx.tp
+        if layer.experts:
+            extra += ACT_BYTES * expert_tokens * layer.expert_linears[1].k / ctx.tp
+    if ctx.eager_norm and layer.norm == "rmsnorm":
+        extra += 2 * EAGER_NORM_EXTRA_BYTES * rep
+    if ctx.expanded_kv:
+        extra += ACT_BYTES * tokens * (q_local - kv_local) * (layer.d_qk + layer.d_v)
+    return extra
 
 
 def _explicit_work(layer: Layer, ctx: Ctx) -> Work:

@@ -161,6 +161,16 @@ class RuntimeRules:
     and DeepSpeed's norms are Transformer Engine's and Apex's fused kernels; torchtitan's April
     2024 configs chose its Triton fused_rmsnorm, and 0.3's nn.RMSNorm dispatches to PyTorch's
     fused CUDA kernel (native_functions.yaml: _fused_rms_norm, CUDA: _fused_rms_norm_cuda)"""
+    eager_swiglu: bool = False
+    """its SwiGLU runs as eager silu and mul, whose backward keeps silu's output beside both GEMM
+    outputs (graph._eager_saved: 2 bytes more a ffn element), where a fused kernel keeps its input
+    alone (Megatron's bias_swiglu, Transformer Engine's): torchtitan's FeedForward
+    w2(F.silu(w1(x)) * w3(x)) and GroupedExperts (0.3.0 models/common/feed_forward.py and moe.py;
+    0.2.2 and 9dec370 llama model.py) without torch.compile, which its exports leave off"""
+    expanded_kv: bool = False
+    """its attention expands K and V to every query head before the kernel, which keeps them so
+    (graph._eager_saved): torchtitan 9dec370's repeat_kv (models/llama/model.py); since 0.2 it
+    passes enable_gqa to SDPA and keeps them at the KV heads"""
     zero_with_experts: tuple[int, ...] = (0, 1, 2, 3)
     """the ZeRO stages it runs a model with experts in (zeros)"""
     fp8_saves_quantised: bool = False
@@ -325,6 +335,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                # torchao Float8LinearConfig's default recipe: dynamic per-tensor scaling
                                fp8_recipes=("tensorwise",),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0,
+                               eager_swiglu=True,
                                loss_traffic_per_logit=TORCH_LOSS_RW_BYTES,
                                # module_fqns_per_model_part: each stage's own layers (torchtitan 0.3.0
                                # config/configs.py ParallelismConfig; 0.2.x job_config.Parallelism)
@@ -345,16 +356,16 @@ RUNTIME_RULES["torchtitan@0.2"] = replace(
     RUNTIME_RULES["torchtitan"],
     note="torchtitan 0.2.x (0.2.0, 0.2.2): the space of 0.3, its job written as the TOML config 0.3 no longer reads")
 RUNTIME_RULES["torchtitan@2024-12-compiled"] = replace(
-    RUNTIME_RULES["torchtitan"], loss_parallel_bytes_per_logit=16.0,
+    RUNTIME_RULES["torchtitan"], loss_parallel_bytes_per_logit=16.0, eager_swiglu=False,
     note="torchtitan of December 2024 (9dec370, the configs of docs/performance.md at d4c86e375) with "
          "torch.compile of its TransformerBlocks (the norms fused; the loss not compiled) and, under tp, torch's "
          "DTensor loss_parallel (parallel_dims.loss_parallel_enabled: tp > 1 unless disable_loss_parallel)")
 RUNTIME_RULES["torchtitan@2024-12"] = replace(
-    RUNTIME_RULES["torchtitan@2024-12-compiled"], eager_norm_bytes=(36.0, 96.0),
+    RUNTIME_RULES["torchtitan@2024-12-compiled"], eager_norm_bytes=(36.0, 96.0), eager_swiglu=True, expanded_kv=True,
     note="torchtitan of December 2024 without torch.compile (9dec370, the configs of docs/performance.md at "
          "d4c86e375: norm_type 'rmsnorm', torchtitan/models/norms.py's eager RMSNorm; loss_parallel under tp)")
 RUNTIME_RULES["torchtitan@compile"] = replace(
-    RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0,
+    RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0, eager_swiglu=False,
     note="torchtitan with torch.compile of the model and the loss (training.compile from mid-2025, "
          "components/loss.py build_cross_entropy_loss; before, its train.py compiled no loss)")
 RUNTIME_RULES["megatron@2022"] = RuntimeRules(

@@ -771,3 +771,63 @@ def test_torchtitans_per_op_policy_keeps_what_the_graph_counts():
     assert measured == pytest.approx(w.saved.total, rel=0.02), _ratio(measured, w.saved.total)
     out.sum().backward()  # the recomputation replays the saved outputs and rebuilds the rest
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+class _TorchtitanEagerBlock(nn.Module):
+    """A Llama block as torchtitan runs it without torch.compile: its FeedForward's eager
+    w2(F.silu(w1(x)) * w3(x)) (0.3.0 models/common/feed_forward.py); the norms 0.3's nn.RMSNorm
+    (PyTorch's fused CUDA kernel, which RMSNormFn stands in for: on CPU nn.RMSNorm is composite)
+    or 9dec370's eager RMSNorm; K and V passed to SDPA with enable_gqa (0.2 on) or expanded by
+    9dec370's repeat_kv (unsqueeze, expand, reshape)."""
+
+    def __init__(self, h: int, heads: int, kv_heads: int, f: int, eager_norm: bool, expanded_kv: bool):
+        super().__init__()
+        self.heads, self.kv_heads, self.d, self.expanded_kv = heads, kv_heads, h // heads, expanded_kv
+        d = self.d
+        self.wq, self.wk = nn.Linear(h, heads * d, bias=False), nn.Linear(h, kv_heads * d, bias=False)
+        self.wv, self.wo = nn.Linear(h, kv_heads * d, bias=False), nn.Linear(heads * d, h, bias=False)
+        self.w1, self.w3, self.w2 = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False), nn.Linear(f, h, bias=False)
+        self.n1, self.n2 = (_TorchtitanEagerRMSNorm(h), _TorchtitanEagerRMSNorm(h)) if eager_norm else (RMSNorm(h), RMSNorm(h))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        y = self.n1(x)
+        q = self.wq(y).view(b, s, self.heads, self.d)
+        k = self.wk(y).view(b, s, self.kv_heads, self.d)
+        v = self.wv(y).view(b, s, self.kv_heads, self.d)
+        if self.expanded_kv:
+            rep = self.heads // self.kv_heads
+            k = k.unsqueeze(3).expand(b, s, self.kv_heads, rep, self.d).reshape(b, s, self.heads, self.d)
+            v = v.unsqueeze(3).expand(b, s, self.kv_heads, rep, self.d).reshape(b, s, self.heads, self.d)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=not self.expanded_kv)
+        x = x + self.wo(o.transpose(1, 2).contiguous().view(b, s, -1))
+        y = self.n2(x)
+        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+@pytest.mark.parametrize("runtime", ["torchtitan", "torchtitan@2024-12"])
+def test_torchtitans_eager_layer_keeps_what_the_graph_counts(runtime):
+    """Without recomputation an eager torchtitan block keeps more than fused kernels would: silu's
+    output for the mul (2 bytes a ffn element), 9dec370's eager RMSNorm its fp32 input cast and
+    normalised value (4 bytes more an element, both norms), its repeat_kv the expanded K and V.
+    PyTorch's saved-tensor hooks count it; the graph counts it from the runtime's record."""
+    from planner.cost.step import layer_ctx
+    from planner.runtimes import RUNTIME_RULES
+    from planner.spec.training import TrainingSetup
+
+    h, heads, kv, f = H, 8, 2, 688
+    rules = RUNTIME_RULES[runtime]
+    torch.manual_seed(0)
+    block = _TorchtitanEagerBlock(h, heads, kv, f, rules.eager_norm_bytes is not None, rules.expanded_kv)
+    block = block.to(torch.bfloat16).train()
+    x = torch.randn(MB, SEQ, h, dtype=torch.bfloat16, requires_grad=True)
+    measured, _ = measure_saved(block, lambda: block(x))
+    spec = ModelSpec(name="llama", layers=1, hidden=h, heads=heads, kv_heads=kv, ffn_hidden=f, vocab=2048,
+                     ffn_act="swiglu", norm="rmsnorm", position_embedding="rope", seq_len=SEQ)
+    setup = TrainingSetup(gpus=1, global_batch=MB, seq_len=SEQ, runtime=runtime)
+    ctx = layer_ctx(spec, setup, tp=1, cp=1, ep=1, micro_batch=MB, sequence_parallel=False)
+    eager = layer_work(build_layers(spec)[0], ctx).saved.total
+    fused = layer_work(build_layers(spec)[0], Ctx(micro_batch=MB, seq_len=SEQ, flash=True)).saved.total
+    assert eager > fused and rules.eager_swiglu
+    assert measured == pytest.approx(eager, rel=0.01), _ratio(measured, eager)

@@ -414,9 +414,12 @@ class LayerTables:
 def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int, micro_batch: int,
               sequence_parallel: bool) -> Ctx:
     """The shape one micro-batch takes on one GPU under these degrees (no recomputation)."""
+    rules = RUNTIME_RULES[setup.runtime]
     return Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
                flash=setup.attention == "flash", dropout=model.dropout, folded=setup.expert_tp(tp, model) < tp,
-               quantised_inputs=setup.precision == "fp8" and RUNTIME_RULES[setup.runtime].fp8_saves_quantised)
+               quantised_inputs=setup.precision == "fp8" and rules.fp8_saves_quantised,
+               eager_swiglu=rules.eager_swiglu, eager_norm=rules.eager_norm_bytes is not None,
+               expanded_kv=rules.expanded_kv)
 
 
 def base_mode(recompute: str) -> str:
