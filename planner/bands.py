@@ -27,6 +27,7 @@ of the check rows, each judged without its own source, where this one holds 82.6
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -89,8 +90,6 @@ def band(gpu: str, family: str, residuals: list[Residual], exclude_document: str
 def prediction_interval(rows: list[Residual]) -> tuple[float, float]:
     """(low, high): the COVERAGE prediction interval of a new source's error under the one-way
     random-effects model of the module docstring; rows from at least MIN_SOURCES documents."""
-    from scipy.special import stdtrit  # Student's t quantile (scipy.stats costs 0.5 s to import)
-
     groups: dict[str, list[float]] = {}
     for r in rows:
         groups.setdefault(r.document, []).append(r.error)
@@ -101,9 +100,33 @@ def prediction_interval(rows: list[Residual]) -> tuple[float, float]:
     sigma2 = sum(float(((g - g.mean()) ** 2).sum()) for g in errors) / within_dof if within_dof else 0.0
     s_m2 = float(means.var(ddof=1))
     tau2 = max(0.0, s_m2 - sigma2 * float(np.mean(1.0 / n)))
-    half = float(stdtrit(k - 2, 0.5 + COVERAGE / 2)) * float(np.sqrt(tau2 + sigma2 + s_m2 / k))
+    half = t_quantile(0.5 + COVERAGE / 2, k - 2) * float(np.sqrt(tau2 + sigma2 + s_m2 / k))
     mu = float(means.mean())
     return mu - half, mu + half
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile at p > 1/2 for whole degrees of freedom: bisection on the exact
+    P(|T| <= t) of Abramowitz & Stegun 26.7.3 (odd dof) and 26.7.4 (even), between 0 and the
+    one-degree quantile tan(pi (p - 1/2)), the largest. (scipy's takes 0.25-0.5 s to import, which
+    a plan would pay for one number; tests compare the two.)"""
+    target, lo, hi = 2 * p - 1, 0.0, math.tan(math.pi * (p - 0.5))
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _abs_t_cdf(mid, dof) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _abs_t_cdf(t: float, dof: int) -> float:
+    theta = math.atan(t / math.sqrt(dof))
+    c2, total = math.cos(theta) ** 2, 1.0 if dof % 2 == 0 else math.cos(theta)
+    term = total
+    for k in range(2 if dof % 2 == 0 else 3, dof - 1, 2):
+        term *= c2 * (k - 1) / k
+        total += term
+    if dof % 2 == 0:
+        return math.sin(theta) * total
+    return 2 / math.pi * (theta + (math.sin(theta) * total if dof > 1 else 0.0))
 
 
 def residuals_json(residuals: list[Residual]) -> str:

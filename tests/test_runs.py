@@ -74,6 +74,16 @@ def test_band_is_the_random_effects_prediction_interval():
     assert band("h100", "hopper", heavy).low == pytest.approx(mean(means) - half, abs=0.02)
 
 
+def test_t_quantile_is_scipys():
+    from scipy.stats import t
+
+    from planner.bands import t_quantile
+
+    for dof in range(1, 61):
+        for p in (0.6, 0.9, 0.99):
+            assert t_quantile(p, dof) == pytest.approx(t.ppf(p, dof), rel=1e-12), (p, dof)
+
+
 def test_band_covers_a_new_source_as_often_as_it_says():
     """Errors drawn as sources do (a shared offset per source, tau 0.08, and rows around it,
     sigma 0.04, 3 to 12 rows a source): the band from 8 sources holds a new source's run 80 % of
