@@ -166,7 +166,8 @@ class RuntimeRules:
     outputs (graph._eager_saved: 2 bytes more a ffn element), where a fused kernel keeps its input
     alone (Megatron's bias_swiglu, Transformer Engine's): torchtitan's FeedForward
     w2(F.silu(w1(x)) * w3(x)) and GroupedExperts (0.3.0 models/common/feed_forward.py and moe.py;
-    0.2.2 and 9dec370 llama model.py) without torch.compile, which its exports leave off"""
+    0.2.2 and 9dec370 llama model.py) without torch.compile, which its exports leave off; nanotron
+    v0.4's GLUActivation (models/llama.py: SiLUActivation(gate) * up)"""
     expanded_kv: bool = False
     """its attention expands K and V to every query head before the kernel, which keeps them so
     (graph._eager_saved): torchtitan 9dec370's repeat_kv (models/llama/model.py); since 0.2 it
@@ -378,7 +379,9 @@ RUNTIME_RULES["nanotron"] = RuntimeRules(
     "nanotron 0.4 (export/nanotron.py): zero_stage 0 or 1, 1F1B without interleaving, no context parallelism, "
     "no expert parallelism within dp (expert_parallel_size multiplies the GPU count), layers split evenly, no "
     "activation recomputation, no FP8; ranks ep, pp, dp, tp outermost first",
-    orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16"), recompute_modes=("none",))
+    orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16"), recompute_modes=("none",),
+    # v0.4 models/llama.py GLUActivation: act(gate) * up with nn/activations.py's SiLUActivation
+    eager_swiglu=True)
 for _name, _note, _recipes, _te in (
         # Composer's amp_fp8 runs Transformer Engine's fp8_autocast with its default DelayedScaling
         ("composer", "MosaicML llm-foundry (FSDP, flash_attn; fp8 through Transformer Engine, delayed scaling)",

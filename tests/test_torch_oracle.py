@@ -780,9 +780,11 @@ class _TorchtitanEagerBlock(nn.Module):
     or 9dec370's eager RMSNorm; K and V passed to SDPA with enable_gqa (0.2 on) or expanded by
     9dec370's repeat_kv (unsqueeze, expand, reshape)."""
 
-    def __init__(self, h: int, heads: int, kv_heads: int, f: int, eager_norm: bool, expanded_kv: bool):
+    def __init__(self, h: int, heads: int, kv_heads: int, f: int, eager_norm: bool, expanded_kv: bool,
+                 merged_gate_up: bool = False):
         super().__init__()
         self.heads, self.kv_heads, self.d, self.expanded_kv = heads, kv_heads, h // heads, expanded_kv
+        self.merged_gate_up = merged_gate_up
         d = self.d
         self.wq, self.wk = nn.Linear(h, heads * d, bias=False), nn.Linear(h, kv_heads * d, bias=False)
         self.wv, self.wo = nn.Linear(h, kv_heads * d, bias=False), nn.Linear(heads * d, h, bias=False)
@@ -803,15 +805,20 @@ class _TorchtitanEagerBlock(nn.Module):
                                            enable_gqa=not self.expanded_kv)
         x = x + self.wo(o.transpose(1, 2).contiguous().view(b, s, -1))
         y = self.n2(x)
+        if self.merged_gate_up:  # nanotron: one gate_up GEMM, split, act(gate) * up
+            gate, up = torch.cat([self.w1(y), self.w3(y)], dim=-1).split(self.w1.out_features, dim=-1)
+            return x + self.w2(F.silu(gate) * up)
         return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
 
 
-@pytest.mark.parametrize("runtime", ["torchtitan", "torchtitan@2024-12"])
+@pytest.mark.parametrize("runtime", ["torchtitan", "torchtitan@2024-12", "nanotron"])
 def test_torchtitans_eager_layer_keeps_what_the_graph_counts(runtime):
     """Without recomputation an eager torchtitan block keeps more than fused kernels would: silu's
     output for the mul (2 bytes a ffn element), 9dec370's eager RMSNorm its fp32 input cast and
     normalised value (4 bytes more an element, both norms), its repeat_kv the expanded K and V.
-    PyTorch's saved-tensor hooks count it; the graph counts it from the runtime's record."""
+    nanotron v0.4 splits one gate_up GEMM's output and runs SiLUActivation(gate) * up (its
+    TritonRMSNorm and flash attention fused). PyTorch's saved-tensor hooks count it; the graph
+    counts it from the runtime's record."""
     from planner.cost.step import layer_ctx
     from planner.runtimes import RUNTIME_RULES
     from planner.spec.training import TrainingSetup
@@ -819,7 +826,8 @@ def test_torchtitans_eager_layer_keeps_what_the_graph_counts(runtime):
     h, heads, kv, f = H, 8, 2, 688
     rules = RUNTIME_RULES[runtime]
     torch.manual_seed(0)
-    block = _TorchtitanEagerBlock(h, heads, kv, f, rules.eager_norm_bytes is not None, rules.expanded_kv)
+    block = _TorchtitanEagerBlock(h, heads, kv, f, rules.eager_norm_bytes is not None, rules.expanded_kv,
+                                  merged_gate_up=runtime == "nanotron")
     block = block.to(torch.bfloat16).train()
     x = torch.randn(MB, SEQ, h, dtype=torch.bfloat16, requires_grad=True)
     measured, _ = measure_saved(block, lambda: block(x))
