@@ -21,7 +21,7 @@ E[s_m^2] = tau^2 + sigma^2 * mean(1 / n_j), s_m^2 the variance of the source mea
 Var(mu) = s_m^2 / k. Percentiles of the pooled rows (the band before 2026-12-03) ignore the
 clustering: their band narrowed whenever one source's rows agreed with each other, and held 76.7 %
 of the check rows, each judged without its own source, where this one holds 82.6 % (66 and 71 of
-86, `planner validate`).
+the 86 rows of that date, `planner validate`).
 """
 
 from __future__ import annotations
