@@ -53,9 +53,11 @@ class Ctx:
     eager_swiglu: bool = False
     """SwiGLU runs as eager silu and mul (runtimes.RuntimeRules.eager_swiglu): the mul keeps silu's
     output for its backward, beside both GEMM outputs"""
-    eager_norm: bool = False
-    """RMSNorm runs as eager ops on an fp32 cast (runtimes.RuntimeRules.eager_norm_bytes): it keeps
-    the fp32 copy of its input and its normalised 16-bit value, not the 16-bit input"""
+    eager_norm_bytes: tuple[float, float] | None = None
+    """(forward, backward) HBM bytes per element of RMSNorm where the runtime runs it as eager ops on
+    an fp32 cast (runtimes.RuntimeRules.eager_norm_bytes; None: fused): cost/step.layer_cost prices
+    the traffic, _eager_saved what it keeps (the fp32 copy of its input and its normalised 16-bit
+    value, not the 16-bit input)"""
     expanded_kv: bool = False
     """K and V are expanded to every query head before the attention kernel
     (runtimes.RuntimeRules.expanded_kv), which then keeps them at the query heads' count"""
@@ -459,7 +461,7 @@ def _eager_saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: flo
         extra += ACT_BYTES * tokens * layer.ffn_width / ctx.tp
         if layer.experts:
             extra += ACT_BYTES * expert_tokens * layer.expert_linears[1].k / ctx.tp
-    if ctx.eager_norm and layer.norm == "rmsnorm":
+    if ctx.eager_norm_bytes and layer.norm == "rmsnorm":
         extra += 2 * EAGER_NORM_EXTRA_BYTES * rep
     if ctx.expanded_kv:
         extra += ACT_BYTES * tokens * (q_local - kv_local) * (layer.d_qk + layer.d_v)

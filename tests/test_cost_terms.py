@@ -628,7 +628,7 @@ def test_an_eager_rmsnorm_adds_its_extra_bytes_as_memory_time_and_a_layernorm_no
     layer = build_layers(load_model("llama3-8b"))[0]
     ctx = Ctx(micro_batch=2, seq_len=8192, tp=1, recompute="full")
     fused = layer_cost(layer, ctx, cluster, "bf16", one, one, one, "cudnn")
-    eager = layer_cost(layer, ctx, cluster, "bf16", one, one, one, "cudnn", eager_norm=(36.0, 96.0))
+    eager = layer_cost(layer, replace(ctx, eager_norm_bytes=(36.0, 96.0)), cluster, "bf16", one, one, one, "cudnn")
     elements = layer_work(layer, ctx).norm_elements
     assert elements == 2 * 2 * 8192 * 4096
     assert eager.fwd - fused.fwd == pytest.approx(memory_time_s((36 - NORM_FUSED_BYTES) * elements, cluster.gpu,
@@ -637,7 +637,7 @@ def test_an_eager_rmsnorm_adds_its_extra_bytes_as_memory_time_and_a_layernorm_no
                                                                 cluster.efficiency))
     assert eager.recompute - fused.recompute == pytest.approx(eager.fwd - fused.fwd)
     gpt = build_layers(load_model("gpt3-175b"))[0]  # a LayerNorm: torch's native layer_norm is one kernel
-    assert layer_cost(gpt, ctx, cluster, "bf16", one, one, one, "cudnn", eager_norm=(36.0, 96.0)) == \
+    assert layer_cost(gpt, replace(ctx, eager_norm_bytes=(36.0, 96.0)), cluster, "bf16", one, one, one, "cudnn") == \
         layer_cost(gpt, ctx, cluster, "bf16", one, one, one, "cudnn")
 
 

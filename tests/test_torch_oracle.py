@@ -704,75 +704,6 @@ def test_megatron_cores_vocab_parallel_loss_moves_the_graphs_bytes_per_logit(tmp
 # torchtitan's per-op selective checkpointing (graph.op_policy)
 # --------------------------------------------------------------------------------------------
 
-class _TorchtitanBlock(nn.Module):
-    """A Llama block as torchtitan writes it: separate wq, wk, wv, wo; the MLP's w2(silu(w1(x)) *
-    w3(x)) (torchtitan/models/common/feed_forward.py at 0.3.0); eager RMSNorms."""
-
-    def __init__(self, h: int, heads: int, kv_heads: int, f: int):
-        super().__init__()
-        self.heads, self.kv_heads, self.d = heads, kv_heads, h // heads
-        d = self.d
-        self.wq, self.wk = nn.Linear(h, heads * d, bias=False), nn.Linear(h, kv_heads * d, bias=False)
-        self.wv, self.wo = nn.Linear(h, kv_heads * d, bias=False), nn.Linear(heads * d, h, bias=False)
-        self.w1, self.w3, self.w2 = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False), nn.Linear(f, h, bias=False)
-        self.n1, self.n2 = nn.RMSNorm(h), nn.RMSNorm(h)
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        y = self.n1(x)
-        q = self.wq(y).view(b, s, self.heads, self.d).transpose(1, 2)
-        k = self.wk(y).view(b, s, self.kv_heads, self.d).transpose(1, 2)
-        v = self.wv(y).view(b, s, self.kv_heads, self.d).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + self.wo(o.transpose(1, 2).reshape(b, s, -1))
-        y = self.n2(x)
-        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
-
-
-def test_torchtitans_per_op_policy_keeps_what_the_graph_counts():
-    """torchtitan's SelectiveAC policy (0.3.0 distributed/activation_checkpoint.py; the same rule
-    since 1ea476e9f): save the outputs of the save-list ops, except every second matmul. Run by
-    PyTorch's own selective checkpointing on CPU, where SDPA's flash kernel is
-    _scaled_dot_product_flash_attention_for_cpu (standing in for the CUDA flash op of the list);
-    what it stores, plus the checkpointed input, is what graph.op_policy says the layer keeps."""
-    from collections import defaultdict
-
-    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-
-    h, heads, kv, f, b, s = 256, 8, 2, 688, 2, 128
-    save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
-    count = defaultdict(int)
-
-    def policy(ctx, func, *args, **kwargs):
-        mode = "recompute" if ctx.is_recompute else "forward"
-        if func == torch.ops.aten.mm.default:
-            count[mode] += 1
-            if count[mode] % 2 == 0:
-                return CheckpointPolicy.PREFER_RECOMPUTE
-        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
-
-    modes = []
-
-    def context_fn():
-        modes.append(create_selective_checkpoint_contexts(policy))
-        return modes[-1]
-
-    block = _TorchtitanBlock(h, heads, kv, f).to(torch.bfloat16).train()
-    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
-    out = checkpoint(block, x, use_reentrant=False, context_fn=context_fn)
-    from torch.utils._pytree import tree_leaves
-    stored = [leaf.val for entries in modes[0][0].storage.values() for outs in entries.values()
-              for leaf in tree_leaves(outs) if isinstance(getattr(leaf, "val", None), torch.Tensor)]
-    measured = sum(t.untyped_storage().nbytes() for t in stored) + x.untyped_storage().nbytes()
-    assert count["forward"] == 7  # wq, wk, wv, wo, w1, w3, w2: four saved, three recomputed
-    spec = ModelSpec(name="llama", layers=1, hidden=h, heads=heads, kv_heads=kv, ffn_hidden=f, vocab=2048,
-                     ffn_act="swiglu", norm="rmsnorm", position_embedding="rope", seq_len=s)
-    w = layer_work(build_layers(spec)[0], Ctx(micro_batch=b, seq_len=s, flash=True, recompute="op"))
-    assert measured == pytest.approx(w.saved.total, rel=0.02), _ratio(measured, w.saved.total)
-    out.sum().backward()  # the recomputation replays the saved outputs and rebuilds the rest
-    assert x.grad is not None and x.grad.shape == x.shape
-
-
 class _TorchtitanEagerBlock(nn.Module):
     """A Llama block as torchtitan runs it without torch.compile: its FeedForward's eager
     w2(F.silu(w1(x)) * w3(x)) (0.3.0 models/common/feed_forward.py); the norms 0.3's nn.RMSNorm
@@ -809,6 +740,50 @@ class _TorchtitanEagerBlock(nn.Module):
             gate, up = torch.cat([self.w1(y), self.w3(y)], dim=-1).split(self.w1.out_features, dim=-1)
             return x + self.w2(F.silu(gate) * up)
         return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+def test_torchtitans_per_op_policy_keeps_what_the_graph_counts():
+    """torchtitan's SelectiveAC policy (0.3.0 distributed/activation_checkpoint.py; the same rule
+    since 1ea476e9f): save the outputs of the save-list ops, except every second matmul. Run by
+    PyTorch's own selective checkpointing on CPU, where SDPA's flash kernel is
+    _scaled_dot_product_flash_attention_for_cpu (standing in for the CUDA flash op of the list);
+    what it stores, plus the checkpointed input, is what graph.op_policy says the layer keeps."""
+    from collections import defaultdict
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    h, heads, kv, f, b, s = 256, 8, 2, 688, 2, 128
+    save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    count = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            count[mode] += 1
+            if count[mode] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    modes = []
+
+    def context_fn():
+        modes.append(create_selective_checkpoint_contexts(policy))
+        return modes[-1]
+
+    block = _TorchtitanEagerBlock(h, heads, kv, f, eager_norm=False, expanded_kv=False).to(torch.bfloat16).train()
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    out = checkpoint(block, x, use_reentrant=False, context_fn=context_fn)
+    from torch.utils._pytree import tree_leaves
+    stored = [leaf.val for entries in modes[0][0].storage.values() for outs in entries.values()
+              for leaf in tree_leaves(outs) if isinstance(getattr(leaf, "val", None), torch.Tensor)]
+    measured = sum(t.untyped_storage().nbytes() for t in stored) + x.untyped_storage().nbytes()
+    assert count["forward"] == 7  # wq, wk, wv, wo, w1, w3, w2: four saved, three recomputed
+    spec = ModelSpec(name="llama", layers=1, hidden=h, heads=heads, kv_heads=kv, ffn_hidden=f, vocab=2048,
+                     ffn_act="swiglu", norm="rmsnorm", position_embedding="rope", seq_len=s)
+    w = layer_work(build_layers(spec)[0], Ctx(micro_batch=b, seq_len=s, flash=True, recompute="op"))
+    assert measured == pytest.approx(w.saved.total, rel=0.02), _ratio(measured, w.saved.total)
+    out.sum().backward()  # the recomputation replays the saved outputs and rebuilds the rest
+    assert x.grad is not None and x.grad.shape == x.shape
 
 
 @pytest.mark.parametrize("runtime", ["torchtitan", "torchtitan@2024-12", "nanotron"])

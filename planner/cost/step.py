@@ -158,7 +158,6 @@ def attention_core_s(layer: Layer, ctx: Ctx, w, cluster: Cluster, precision: str
 def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span: Span, cp_span: Span,
                ep_span: Span, kernel: str | None = None, tp_overlap: bool = False,
                ep_dedup: bool = False, ep_overlap: bool = False,
-               eager_norm: tuple[float, float] | None = None,
                quant: tuple[float, float] | None = None) -> LayerCost:
     """Forward, backward and recompute time of one layer (formulas in the module docstring);
     `kernel`: the flash attention kernel the runtime runs (runtimes.attention_kernel);
@@ -175,8 +174,8 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     the SMs the communication kernels left. Priced as if every pass had a partner: a pipeline's
     warm-up and cool-down passes have none, so this is optimistic by at most their share.
 
-    `eager_norm` (runtimes.RuntimeRules.eager_norm_bytes: a runtime that runs RMSNorm as eager
-    PyTorch ops): (forward, backward) bytes per normalised element in place of the fused
+    `ctx.eager_norm_bytes` (runtimes.RuntimeRules.eager_norm_bytes: a runtime that runs RMSNorm as
+    eager PyTorch ops): (forward, backward) bytes per normalised element in place of the fused
     kernel's NORM_FUSED_BYTES each way, their difference priced as memory-bound time.
 
     `quant` (fp8 runs: compute.fp8_quant_bytes of the setup's recipe): the bytes per element its
@@ -191,9 +190,9 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     mem = compute.memory_time_s(w.elementwise_bytes, gpu, eff)
     core_mem = compute.memory_time_s(w.core_elementwise_bytes, gpu, eff)
     norm_fwd = norm_bwd = 0.0
-    if eager_norm and layer.norm == "rmsnorm":
+    if ctx.eager_norm_bytes and layer.norm == "rmsnorm":
         norm_fwd, norm_bwd = (compute.memory_time_s((b - f) * w.norm_elements, gpu, eff)
-                              for b, f in zip(eager_norm, (NORM_FUSED_BYTES, ELEMENTWISE_BWD_FACTOR * NORM_FUSED_BYTES)))
+                              for b, f in zip(ctx.eager_norm_bytes, (NORM_FUSED_BYTES, ELEMENTWISE_BWD_FACTOR * NORM_FUSED_BYTES)))
     quant_fwd, quant_bwd = compute.quant_time_s(w.quant_elements, quant, gpu, eff)
     fwd = gemm_fwd + attn + mem + core_mem + norm_fwd + quant_fwd
     bwd = 2 * gemm + attn_bwd + ELEMENTWISE_BWD_FACTOR * (mem + core_mem) + norm_bwd + quant_bwd
@@ -418,7 +417,7 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
     return Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
                flash=setup.attention == "flash", dropout=model.dropout, folded=setup.expert_tp(tp, model) < tp,
                quantised_inputs=setup.precision == "fp8" and rules.fp8_saves_quantised,
-               eager_swiglu=rules.eager_swiglu, eager_norm=rules.eager_norm_bytes is not None,
+               eager_swiglu=rules.eager_swiglu, eager_norm_bytes=rules.eager_norm_bytes,
                expanded_kv=rules.expanded_kv)
 
 
@@ -446,7 +445,6 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                          kernel_of(cluster, setup),
                          tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
                          *loss_bytes(setup, tp, isinstance(cluster.efficiency, LegacyEfficiency)),
-                         RUNTIME_RULES[setup.runtime].eager_norm_bytes,
                          quant_bytes(cluster, setup))
 
 
@@ -512,7 +510,6 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
                   ep_dedup: bool = False, ep_overlap: bool = False,
                   loss_bytes_per_logit: float = LOGIT_SAVED_BYTES,
                   loss_traffic_per_logit: float = LOGIT_RW_BYTES,
-                  eager_norm: tuple[float, float] | None = None,
                   quant: tuple[float, float] | None = None) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order). The head
@@ -528,8 +525,7 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
 
     def costs(mode):
         return [layer_cost(k, _kind_ctx(base, k, mode), cluster, precision, tp_span, cp_span,
-                           ep_span if k.experts else no_group, kernel, overlap, ep_dedup, ep_overlap, eager_norm,
-                           quant)
+                           ep_span if k.experts else no_group, kernel, overlap, ep_dedup, ep_overlap, quant)
                 for k in kinds]
 
     # only strategies with recompute 'full' read the full-recompute rows, and their base mode is
