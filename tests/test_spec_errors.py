@@ -224,6 +224,32 @@ def test_efficiency_blocks_of_both_versions_load_and_others_are_refused(tmp_path
             Cluster.from_dict(dict(base, efficiency=bad), "bad.yaml")
 
 
+def test_a_borrowed_block_is_its_lenders_read_from_there_and_refused_where_it_would_pass_a_guess_on(tmp_path):
+    """efficiency: {borrowed_from: NAME} takes NAME's fitted block (so a refit reaches every
+    borrower), says so in its source, and refuses a lender that borrows or was never fitted, a
+    mixed cluster, another GPU family and values beside it."""
+    lender = load_cluster("dgx-h100").efficiency
+    for name in ("dgx-h200", "grand-teton-h100"):
+        eff = load_cluster(name).efficiency
+        assert eff.values() == lender.values() and eff.fitted == lender.fitted
+        assert eff.source == "borrowed from dgx-h100: fitted there on its runs, none on this cluster"
+    assert load_cluster("dgx-a100-40g").efficiency.values() == load_cluster("dgx-a100-80g").efficiency.values()
+    assert load_cluster("gb200-nvl72").efficiency.values() == load_cluster("dgx-b200").efficiency.values()
+    mine = CLUSTER + "efficiency: {borrowed_from: dgx-h100}\n"
+    assert load_cluster(str(write(tmp_path, "mine.yaml", mine))).efficiency.values() == lender.values()
+    unfitted = write(tmp_path, "unfitted.yaml", CLUSTER)
+    for text, needle in ((CLUSTER + "efficiency: {borrowed_from: dgx-h200}\n", "borrows its block from 'dgx-h100'"),
+                         (CLUSTER + f"efficiency: {{borrowed_from: {unfitted}}}\n", "no block fitted on its own runs"),
+                         (CLUSTER + "efficiency: {borrowed_from: h100-plus-a100}\n", "mixed cluster"),
+                         (CLUSTER + "efficiency: {borrowed_from: dgx-a100-80g}\n", "within a GPU family"),
+                         (CLUSTER + "efficiency: {borrowed_from: dgx-h100, framework_fraction: 0.9}\n",
+                          "framework_fraction: nothing goes beside borrowed_from"),
+                         (CLUSTER + "efficiency: {borrowed_from: no-such-cluster}\n", "no-such-cluster")):
+        path = write(tmp_path, "borrower.yaml", text)
+        message = spec_error(load_cluster, path)
+        assert str(path) in message and needle in message, message
+
+
 DERATED = """\
 name: mine
 gpu: {name: h100-capped, derated_from: {gpu: h100-sxm-80g, compute: 0.5}, memory_gib: 90, hbm_GBps: 2000}

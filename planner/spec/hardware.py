@@ -6,7 +6,7 @@ are converted to SI here. Link figures are per GPU per direction.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from planner.errors import SpecError
 from planner.presets import resolve
@@ -202,7 +202,42 @@ class Cluster:
 
 
 def _efficiency(f: Fields | None, gpu: Gpu) -> Efficiency | LegacyEfficiency:
+    if f is not None and f.has("borrowed_from"):
+        return _borrowed(f, gpu)
     return efficiency_from_fields(f, gpu.family)
+
+
+BORROWED_SOURCE = "borrowed from {lender}: fitted there on its runs, none on this cluster"
+
+
+def _borrowed(f: Fields, gpu: Gpu) -> Efficiency:
+    """`efficiency: {borrowed_from: NAME}`: the fitted block of cluster NAME (a preset or a YAML
+    path) of the same GPU family, read from there, so that a refit of the lender reaches every
+    cluster that borrows it (no copied numbers). The lender must hold a block fitted on its own
+    runs: a borrowed or default one would be a guess passed on."""
+    name = f.str("borrowed_from")
+    for key in f.data:
+        if key != "borrowed_from":
+            raise f.error(str(key), "nothing goes beside borrowed_from: a borrowed block's values are its lender's")
+    try:
+        path = resolve(name, "hardware/clusters", "cluster")
+    except SpecError as e:
+        raise f.error("borrowed_from", str(e)) from None
+    data = load_mapping(path)
+    data.setdefault("name", path.stem)
+    if "pools" in data:
+        raise f.error("borrowed_from", f"{name!r} is a mixed cluster; borrow from a cluster of one kind of GPU")
+    if isinstance(data.get("efficiency"), dict) and "borrowed_from" in data["efficiency"]:
+        raise f.error("borrowed_from", f"{name!r} borrows its block from {data['efficiency']['borrowed_from']!r}; "
+                                       "borrow from the cluster it was fitted on")
+    lender = Cluster.from_dict(data, str(path))
+    eff = lender.efficiency
+    if not isinstance(eff, Efficiency) or not eff.source.startswith("fitted on"):
+        raise f.error("borrowed_from", f"{name!r} has no block fitted on its own runs ({eff.source or 'version 1'})")
+    if lender.gpu.family != gpu.family:
+        raise f.error("borrowed_from", f"{name!r} runs {lender.gpu.name} ({lender.gpu.family}); a block carries "
+                                       f"over only within a GPU family ({gpu.family} here)")
+    return replace(eff, source=BORROWED_SOURCE.format(lender=name))
 
 
 def load_gpu(ref: str, _seen: tuple[str, ...] = ()) -> Gpu:
