@@ -389,6 +389,14 @@ for _name, _note, _recipes, _te in (
         ("other", "a runtime not described here (flash_attn assumed)", FP8_RECIPES, False)):
     RUNTIME_RULES[_name] = RuntimeRules((0, 1, 2, 3), (0, 1, 2, 3), True, False, "any", "stage", True, True, _note,
                                         fp8_recipes=_recipes, fp8_saves_quantised=_te)
+RUNTIME_RULES["composer@2023"] = replace(
+    RUNTIME_RULES["composer"], attention=("fa-triton", "fa2"),
+    note="llm-foundry of 2023 (the benchmark tables of b2a43a147, 2023-10-19): MPT's attn_impl 'triton', "
+         "flash-attn's Triton FlashAttention (scripts/train/yamls/pretrain/mpt-*.yaml attn_config attn_impl: triton; "
+         "scripts/train/benchmarking/submit_benchmarks.py --attn_impl default 'triton', which sweep.sh never "
+         "overrides; '-e .[gpu]' installed flash-attn 1.0.9, no FlashAttention-2). Its throughput is measured on "
+         "A100 only (Dao 2023, Fig. 4): on other GPUs FlashAttention-2's table prices it, too fast by what the "
+         "Triton kernel loses there")
 
 
 TARGETS = ("megatron", "deepspeed", "torchtitan", "nanotron")

@@ -320,6 +320,11 @@ def test_a_runtime_runs_the_kernel_its_record_names():
     b200 = load_cluster("dgx-b200")  # cudnn-frontend's B200 SDPA benchmark: cuDNN and FlashAttention-2 tables
     assert kernel(b200, "megatron") == "cudnn" and kernel(b200, "torchtitan") == "fa2"
     assert kernel(load_cluster("l40s-pcie-8"), "megatron") is None  # no tables: the core priced as a GEMM
+    # llm-foundry's 2023 tables ran MPT's Triton FlashAttention: measured on A100 (Dao 2023, Fig. 4, at
+    # about half FlashAttention-2's throughput), nowhere else, so FlashAttention-2's table prices it there
+    assert kernel(a100, "composer@2023") == "fa-triton"
+    assert kernel(h100, "composer@2023") == "fa2" and kernel(a100, "composer") == "fa2"
+    assert a100.gpu.measured.attention_tflops("fa-triton", True, 128, 2048) == 68  # against FA2's 155
 
 
 def test_tensor_parallel_overlap_hides_collectives_up_to_the_gemms():

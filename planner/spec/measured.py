@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from planner.errors import SpecError
 from planner.spec.fields import Fields
 
-KERNELS = ("fa2", "fa3", "cudnn")
+KERNELS = ("fa2", "fa3", "cudnn", "fa-triton")
 """attention kernels with published tables: FlashAttention-2 (Dao 2023), FlashAttention-3 (Shah
-et al. 2024), cuDNN fused attention (as the FlashAttention-3 paper measured it)"""
+et al. 2024), cuDNN fused attention (as the FlashAttention-3 paper measured it), and FlashAttention
+in Triton (flash-attn's experimental flash_attn_triton, the kernel MPT's attn_impl 'triton'
+copies: measured beside FlashAttention-2 on A100 in Dao 2023, Fig. 4; never on Hopper)"""
 
 
 @dataclass(frozen=True, slots=True)
