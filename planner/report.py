@@ -331,6 +331,14 @@ def validation_table(doc: dict) -> None:
         err.print(f"[bold]checks: MAPE {c['mape'] * 100:.2f} %, bias {_pct(c['bias'])} over {len(c['runs'])} runs; "
                   f"each of {eq['sources']} sources weighted equally: MAPE {eq['mape'] * 100:.2f} %, bias {_pct(eq['bias'])}; "
                   f"{c['over_25_percent']} over 25 %; {c['inside_band'] * 100:.0f} % inside their band[/bold]")
+        if "frozen" in c:
+            fz, feq, sub = c["frozen"], c["frozen"]["equal_source_weight"], c["frozen"]["subsets"]
+            kinds = "; ".join(f"{name} MAPE {sub[key]['mape'] * 100:.1f} %" for name, key in
+                              (("fp8", "precision fp8"), ("MoE", "moe")) if key in sub)
+            err.print(f"[bold]frozen checks ({fz['runs']} rows, frozen {fz['date']} at {fz['commit'][:7]}): "
+                      f"MAPE {fz['mape'] * 100:.2f} %, bias {_pct(fz['bias'])}; each of {feq['sources']} sources "
+                      f"weighted equally: MAPE {feq['mape'] * 100:.2f} %, bias {_pct(feq['bias'])}; "
+                      f"{fz['over_25_percent']} over 25 %; {kinds}[/bold]")
         mem = c.get("memory", {"runs": 0})
         if mem["runs"]:
             err.print(f"[bold]memory: predicted peak against {mem['runs']} published peaks: MAPE {mem['mape'] * 100:.1f} %, "

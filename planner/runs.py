@@ -34,6 +34,8 @@ from planner.units import GIB
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "calibration_runs.yaml"
 CHECKS = Path(__file__).resolve().parent / "data" / "check_runs.yaml"
+FROZEN = Path(__file__).resolve().parent / "data" / "frozen_checks.yaml"
+"""the check rows frozen, with their derived step times, before the model changed for them"""
 """published runs no fit may use: out-of-sample checks shown by `planner validate`"""
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
@@ -112,6 +114,31 @@ def load_runs(path: Path | None = None) -> list[Run]:
                         runtime=runtime, runtime_version=str(f.raw("runtime_version", ""))))
         f.reject_unknown(RUN_KEYS)
     return runs
+
+
+@dataclass(frozen=True, slots=True)
+class Frozen:
+    """The checks frozen at `commit`: run id -> the step time derived for it then."""
+
+    commit: str
+    date: str
+    step_times_s: dict
+
+
+def load_frozen(path: Path = FROZEN) -> Frozen:
+    items = load_document(path)
+    f = Fields(items if isinstance(items, dict) else {}, str(path))
+    rows = f.raw("runs")
+    if not isinstance(rows, list) or not rows:
+        raise f.error("runs", "expected a non-empty list of {id, step_time_s}")
+    times = {}
+    for k, row in enumerate(rows):
+        r = Fields(row if isinstance(row, dict) else {}, str(path), f"runs[{k}].")
+        times[r.str("id")] = r.float("step_time_s")
+        r.reject_unknown()
+    frozen = Frozen(commit=f.str("commit"), date=str(f.raw("date")), step_times_s=times)
+    f.reject_unknown()
+    return frozen
 
 
 def document(source: str) -> str:

@@ -32,6 +32,41 @@ def test_every_check_row_says_how_its_step_time_was_derived():
         assert row["step_time_s"] > 0
 
 
+def test_frozen_checks_keep_their_derived_step_times():
+    """The checks frozen before the model changed for them (planner/data/frozen_checks.yaml, commit
+    602ebd8) are all still checks, each at the step time derived then: later corrections come as
+    cited errata that leave it unchanged."""
+    from planner.runs import load_frozen
+
+    frozen, rows = load_frozen(), {r["id"]: r for r in _raw(CHECKS)}
+    assert len(frozen.step_times_s) == 60 and frozen.commit.startswith("602ebd8")
+    for run_id, step_time_s in frozen.step_times_s.items():
+        assert rows[run_id]["step_time_s"] == step_time_s, run_id
+
+
+def test_validate_reports_the_frozen_checks_apart(monkeypatch):
+    """Their figures are those of the frozen rows alone, each source weighted equally as for all
+    checks, and absent where the checks priced lack one of them (a user's own check file)."""
+    import planner.validate as validate_module
+    from planner.runs import Frozen, document
+    from planner.validate import summary, validate
+
+    checks = load_runs(CHECKS)[:6]
+    picked = [checks[0], checks[3], checks[5]]
+    monkeypatch.setattr(validate_module, "load_frozen",
+                        lambda: Frozen("0" * 40, "2026-12-01", {r.id: r.step_time_s for r in picked}))
+    doc = summary(validate(load_runs(BUNDLED)[:1], loso=False, checks=checks))
+    errors = {r["id"]: r["error"] for r in doc["checks"]["runs"]}
+    fz = doc["checks"]["frozen"]
+    assert fz["runs"] == 3 and fz["bias"] == pytest.approx(np.mean([errors[r.id] for r in picked]))
+    by_doc = {}
+    for r in picked:
+        by_doc.setdefault(document(r.source), []).append(errors[r.id])
+    assert fz["equal_source_weight"]["sources"] == len(by_doc)
+    assert fz["equal_source_weight"]["bias"] == pytest.approx(np.mean([np.mean(e) for e in by_doc.values()]))
+    assert "frozen" not in summary(validate(load_runs(BUNDLED)[:1], loso=False, checks=checks[1:]))["checks"]
+
+
 def test_band_falls_back_from_gpu_to_family_to_all():
     from planner.bands import MIN_SOURCES, Residual, band
 
