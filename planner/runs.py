@@ -165,6 +165,16 @@ def _vpp_domain(run: Run, pp: int) -> list[int]:
 
 
 def candidates(run: Run) -> list[Strategy]:
+    """Every legal strategy that fills the run's unknown knobs (the stated ones kept) with values
+    its runtime runs (RuntimeRules.refusal), or every legal one where the stated knobs already lie
+    outside the runtime's record (a published configuration the record does not describe)."""
+    legal = _fills(run)
+    rules = RUNTIME_RULES[run.runtime]
+    runnable = [s for s in legal if rules.refusal(s, run.model) is None]
+    return runnable or legal
+
+
+def _fills(run: Run) -> list[Strategy]:
     """Every legal strategy that fills the run's unknown knobs (the stated ones kept)."""
     st, setup = run.strategy, run.setup
     dp = st.get("dp") or setup.gpus // (st.get("tp", 1) * st.get("pp", 1) * st.get("cp", 1))

@@ -243,6 +243,22 @@ def test_a_stated_schedule_bounds_the_interleavings_enumerated(tmp_path, schedul
     assert all((s.schedule == "interleaved-1f1b") == (s.vpp > 1) for s in candidates(run))
 
 
+def test_open_knobs_are_filled_only_with_what_the_runtime_runs():
+    """MT-NLG ran DeepSpeed's pipeline engine, which runs ZeRO <= 1 under pipeline stages: its open
+    zero is never filled with 2 or 3. A row whose stated knobs already lie outside its runtime's
+    record (torchtitan's 405B: FSDP2 under pipeline stages, stated as zero 2) keeps its fills."""
+    from planner.runs import candidates
+    from planner.runtimes import RUNTIME_RULES
+
+    runs = {r.id: r for r in load_runs(CHECKS)}
+    mtnlg = runs["smith22-mtnlg-530b-2240gpu"]
+    fills = candidates(mtnlg)
+    assert fills and {s.zero for s in fills} == {0, 1}
+    assert all(RUNTIME_RULES["deepspeed"].refusal(s, mtnlg.model) is None for s in fills)
+    titan = runs["torchtitan24-h100-llama3.1-405b-4d-32k"]
+    assert candidates(titan) and all(RUNTIME_RULES[titan.runtime].refusal(s, titan.model) for s in candidates(titan))
+
+
 def test_a_run_no_fill_fits_is_priced_at_the_fill_that_overflows_least(tmp_path):
     from planner.cost.step import estimate
     from planner.runs import candidates, price_run
