@@ -574,8 +574,22 @@ def precision_refusal(runtime: str, precision: str) -> str | None:
     return f"runtime {runtime} has no {precision} training (it trains in {', '.join(rules.precisions)})"
 
 
-def tp_overlap(runtime: str) -> bool:
-    return RUNTIME_RULES[runtime].tp_overlap
+NO_NVLINK_FAMILIES = ("ada",)
+"""GPU families whose parts have no NVLink (L40S, RTX 4090: PCIe only, their datasheets), which
+Transformer Engine's comm+GEMM overlap needs between the tensor-parallel GPUs
+(examples/pytorch/comm_gemm_overlap/README.md: "Tensor-parallel GPUs must be on a single node,
+and connected over NVLink/NVSwitch")"""
+
+
+def tp_overlap(runtime: str, sequence_parallel: bool, family: str) -> bool:
+    """Whether `runtime` hides tensor-parallel collectives behind GEMMs (RuntimeRules.tp_overlap)
+    for a plan with or without sequence parallelism on GPUs of `family`: userbuffers overlap the
+    all-gathers and reduce-scatters sequence parallelism issues, and Megatron-LM refuses
+    --tp-comm-overlap without it (megatron/training/arguments.py validate_args at 000c4ac:
+    "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is
+    enabled"); over NVLink only (NO_NVLINK_FAMILIES). Priced for tp groups inside one node
+    (cost/step.layer_cost); export/megatron.py turns it on for exactly those plans."""
+    return RUNTIME_RULES[runtime].tp_overlap and sequence_parallel and family not in NO_NVLINK_FAMILIES
 
 
 def pool_stages_refusal(rule: str, libraries: set, node_sizes: set) -> str | None:

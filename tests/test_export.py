@@ -193,6 +193,43 @@ def test_megatron_arguments_carry_the_plan(plans):
             assert int(args["--num-experts"]) == model["moe"]["experts"]
 
 
+def test_megatron_overlaps_tensor_parallel_communication_where_the_plan_priced_it(plans):
+    """--tp-comm-overlap exactly where the cost model hid the tp collectives behind the GEMMs:
+    tp > 1 with sequence parallelism (Megatron-LM refuses it without), every tp group inside one
+    node (the plan's placement) and NVLink; UB_SKIPMC=1 in the launch before Hopper (no CUDA
+    multicast for Transformer Engine's userbuffers)."""
+    from planner.cost.step import estimate
+    from planner.spec.training import TrainingSetup, resolve_strategy
+
+    def flags(plan):
+        return export(plan, "megatron", "lines").splitlines()
+
+    base = plans["llama3-70b-recompute"]
+    assert "--tp-comm-overlap" in flags(base) and "UB_SKIPMC" not in export(base, "megatron", "launch")
+    across = copy.deepcopy(base)
+    across["placement"]["tiers"]["tp"] = "inter_node"
+    assert "--tp-comm-overlap" not in flags(across)
+    no_sp = variant(base, sequence_parallel=False)
+    assert "--sequence-parallel" not in flags(no_sp) and "--tp-comm-overlap" not in flags(no_sp)
+    assert "--tp-comm-overlap" not in flags(variant(base, tp=1, dp=8, sequence_parallel=False))
+    model = load_model("llama3-8b")
+    for cluster, overlapped, skipmc in (("dgx-a100-80g", True, True), ("l40s-pcie-8", False, False)):
+        plan = make_plan(model, load_cluster(cluster), 16, 64, 4096, "bf16", "flash", "megatron",
+                         {"tp": 2, "pp": 1, "cp": 1, "micro_batch": 1, "zero": 1, "recompute": "full",
+                          "order": ORDER})
+        assert ("--tp-comm-overlap" in flags(plan)) == overlapped, cluster
+        assert ("export UB_SKIPMC=1" in export(plan, "megatron", "launch")) == skipmc, cluster
+    # the pricing behind it: without sequence parallelism, or over PCIe, the collectives show
+    setup = TrainingSetup(gpus=8, global_batch=8, seq_len=4096, runtime="megatron")
+    knobs = {"tp": 8, "micro_batch": 1, "zero": 1}
+    h100 = load_cluster("dgx-h100")
+    hidden = estimate(model, h100, setup, resolve_strategy({**knobs, "sequence_parallel": True}, setup))
+    shown = estimate(model, h100, setup, resolve_strategy({**knobs, "sequence_parallel": False}, setup))
+    pcie = estimate(model, load_cluster("l40s-pcie-8"), setup, resolve_strategy({**knobs, "sequence_parallel": True},
+                                                                                 setup))
+    assert shown.breakdown_s["tp_comm"] > 10 * hidden.breakdown_s["tp_comm"] and pcie.breakdown_s["tp_comm"] > 0.01
+
+
 def test_megatron_uneven_first_and_last_stage(plans):
     plan = variant(plans["llama3-70b-recompute"], sizes=[8, 10, 10, 10, 10, 10, 10, 12])
     args = megatron_args(export(plan, "megatron"))

@@ -443,7 +443,7 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                                                                     sequence_parallel),
                          priced_mode(setup, base_mode(recompute)), spans["tp"], spans["cp"], spans["ep"],
                          kernel_of(cluster, setup),
-                         tp_overlap(setup.runtime), setup.dispatcher == "dedup", setup.ep_overlap,
+                         tp_overlap(setup.runtime, sequence_parallel, cluster.gpu.family), setup.dispatcher == "dedup", setup.ep_overlap,
                          *loss_bytes(setup, tp, isinstance(cluster.efficiency, LegacyEfficiency)),
                          quant_bytes(cluster, setup))
 

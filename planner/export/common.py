@@ -87,6 +87,11 @@ class PlanView:
     """the collective library of every stage's GPUs (spec/hardware.COLLECTIVES), beside stage_pools"""
     stage_node_sizes: tuple[int, ...] = ()
     """the GPUs a node of every stage's pool, beside stage_pools"""
+    tp_tier: str = ""
+    """the network tier of the plan's slowest tensor-parallel group (placement.tiers.tp:
+    'intra_node' where every tp group sits inside one node); '' where the plan does not say"""
+    families: tuple[str, ...] = ()
+    """the GPU families the plan runs on (its cluster's, or its pools')"""
 
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
@@ -146,6 +151,8 @@ def read(plan: dict) -> PlanView:
     gpus_of = {name: c.get("gpu", {}) for name, c in pools.items()}
     libraries = tuple(collective_library(gpus_of[p].get("family", ""), gpus_of[p].get("name", p)) for p in stage_pools)
     node_sizes = tuple(int(pools[p].get("gpus_per_node", 0)) for p in stage_pools)
+    families = tuple(sorted({str(g.get("family", "")) for g in gpus_of.values()} if pools
+                            else {str(_get(plan, "inputs.cluster").get("gpu", {}).get("family", ""))}))
     return PlanView(model=model, attention=training.get("attention", "flash"),
                     dp_overlap=strategy.get("dp_overlap", True), order=_get(plan, "placement.order"),
                     stages=tuple(stages),
@@ -160,7 +167,8 @@ def read(plan: dict) -> PlanView:
                     loss_fusion=str(training.get("loss_fusion", "")),
                     dp_shard=int(strategy.get("dp_shard", 0)),
                     pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")),
-                    stage_pools=stage_pools, stage_libraries=libraries, stage_node_sizes=node_sizes, **t, **s)
+                    stage_pools=stage_pools, stage_libraries=libraries, stage_node_sizes=node_sizes,
+                    tp_tier=str(plan.get("placement", {}).get("tiers", {}).get("tp", "")), families=families, **t, **s)
 
 
 def refusal(runtime: str, lacks: str, plan_has: str) -> ExportError:

@@ -6,6 +6,8 @@ tests/data/megatron_arguments.txt). Formats: "lines" (one argument and its value
 "shell" (one line), both shell-quoted, and "launch": a bash script that runs pretrain_gpt.py with
 torchrun on every node, with the environment Megatron requires (CUDA_DEVICE_MAX_CONNECTIONS=1 with
 tensor or context parallelism, Hopper and older) and what the user supplies in a comment.
+Tensor-parallel communication overlap (--tp-comm-overlap, Transformer Engine's userbuffers) is on
+exactly where the plan was priced with it (tp_comm_overlap), with UB_SKIPMC=1 before Hopper.
 
 Refused, because Megatron-LM cannot run them as planned:
 - ZeRO 2 or 3 (the distributed optimizer shards optimizer states only: ZeRO-1);
@@ -36,7 +38,7 @@ from planner.export.common import (
     refusal,
     require,
 )
-from planner.runtimes import RUNTIME_RULES
+from planner.runtimes import RUNTIME_RULES, tp_overlap
 
 RUNTIME = "Megatron-LM"
 FORMATS = ("lines", "shell", "launch")
@@ -44,6 +46,11 @@ CHECKED_AGAINST = "Megatron-LM 000c4ac (megatron/training/arguments.py, 2025)"
 """the runtime version whose argument parser this output was read against (tests/data/megatron_arguments.txt)"""
 POSITION_TYPES = {"rope": "rope", "learned": "learned_absolute", "none": "none"}
 ORDER_FLAGS = {"tp-cp-ep-dp-pp": [], "tp-cp-ep-pp-dp": [("--use-tp-pp-dp-mapping", None)]}
+MULTICAST_FAMILIES = ("hopper", "blackwell")
+"""GPU families with CUDA multicast (compute capability 9.0 and up), which Transformer Engine's
+userbuffers use by default; on the others its initialize_ub asserts unless UB_SKIPMC=1 sends them
+over CUDA IPC handles (TE examples/pytorch/comm_gemm_overlap/README.md; userbuffers.cpp takes
+multicast only where sm_arch >= 9 and UB_SKIPMC is unset)"""
 
 Arg = tuple[str, object]
 """an argument and its value (None for a switch)"""
@@ -76,6 +83,9 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
     out.append("set -euo pipefail")
     if (v.tp > 1 or v.cp > 1) and families != {"blackwell"}:
         out.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # required by validate_args with tp or cp > 1 before Blackwell")
+    if tp_comm_overlap(v) and families - set(MULTICAST_FAMILIES):
+        out.append("export UB_SKIPMC=1  # --tp-comm-overlap: userbuffers over CUDA IPC, as GPUs before Hopper have no "
+                   "CUDA multicast (Transformer Engine's initialize_ub asserts otherwise)")
     elif v.ep_overlap:
         out.append("export CUDA_DEVICE_MAX_CONNECTIONS=32  # overlapped expert all-to-alls need more than one queue "
                    "(validate_args; Megatron-Bridge's recipes set 32)")
@@ -181,8 +191,19 @@ def _parallel(v: PlanView) -> list[Arg]:
             args += [("--expert-tensor-parallel-size", 1)]
     if v.sequence_parallel:
         args += [("--sequence-parallel", None)]
+    if tp_comm_overlap(v):
+        args += [("--tp-comm-overlap", None)]
     args += _split(v)
     return args + ORDER_FLAGS[v.order]
+
+
+def tp_comm_overlap(v: PlanView) -> bool:
+    """Whether the launch turns on Transformer Engine's comm+GEMM overlap (--tp-comm-overlap):
+    exactly where the cost model hid the tensor-parallel collectives behind the GEMMs on
+    Megatron-LM (runtimes.tp_overlap: sequence parallelism, NVLink), for tp groups inside one
+    node (the plan's placement), so the job runs what was priced."""
+    return (v.tp > 1 and v.tp_tier == "intra_node" and bool(v.families)
+            and all(tp_overlap("megatron", v.sequence_parallel, f) for f in v.families))
 
 
 def _split(v: PlanView) -> list[Arg]:
