@@ -78,10 +78,11 @@ def _run_options(f):
 
     @functools.wraps(f)
     def command(*args, moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather, loss_fusion,
-                **kwargs):
+                moe_imbalance, **kwargs):
         return f(*args, options=RunOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding,
                                            fp8_recipe=fp8_recipe or "", grad_reduce=grad_reduce or "",
-                                           fp8_param_gather=fp8_param_gather, loss_fusion=loss_fusion or ""),
+                                           fp8_param_gather=fp8_param_gather, loss_fusion=loss_fusion or "",
+                                           moe_imbalance=1.0 if moe_imbalance is None else moe_imbalance),
                  **kwargs)
 
     opts = [
@@ -107,6 +108,10 @@ def _run_options(f):
         click.option("--fp8-param-gather", is_flag=True, default=False,
                      help="fp8 runs: keep the layers' weights in fp8 and all-gather them so, 1 byte a parameter "
                           "(Megatron's --fp8-param-gather, with the distributed optimizer)"),
+        click.option("--moe-imbalance", type=float, default=None, metavar="F",
+                     help="MoE routing: the most loaded expert-parallel rank's token-expert pairs over a "
+                          "balanced share (1 to 8); that rank's expert GEMMs, all-to-alls and activations set "
+                          "the pace  [default: 1, balanced, as the published benchmark runs force it]"),
         click.option("--loss-fusion", type=click.Choice(list(LOSS_FUSIONS)), default=None,
                      help="a fused cross-entropy loss (Megatron's --cross-entropy-loss-fusion with "
                           "--cross-entropy-fusion-impl native or te): its traffic and memory on the last stage "

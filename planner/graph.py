@@ -61,6 +61,17 @@ class Ctx:
     expanded_kv: bool = False
     """K and V are expanded to every query head before the attention kernel
     (runtimes.RuntimeRules.expanded_kv), which then keeps them at the query heads' count"""
+    moe_imbalance: float = 1.0
+    """the token-expert pairs the most loaded expert-parallel rank receives over a balanced
+    share (TrainingSetup.moe_imbalance): that rank's expert GEMMs, permutes, all-to-all bytes and
+    kept activations, which every rank waits for"""
+
+
+def _imbalance(ctx: Ctx) -> float:
+    """The most loaded expert-parallel rank's share of token-expert pairs over a balanced one: the
+    setup's moe_imbalance, at most ep (that rank then receives every pair; without expert
+    parallelism one rank holds all experts and no rank waits for another)."""
+    return min(ctx.moe_imbalance, float(ctx.ep))
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,8 +300,9 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     if layer.experts:
         # Balanced routing: each GPU of an expert-parallel group processes tokens*top_k*etp/tp
         # token-expert pairs, spread over its experts/ep local experts, their weights sharded by
-        # the experts' tensor parallelism etp (tp, or 1 when folded: the same FLOPs a GPU).
-        expert_tokens = tokens * layer.top_k
+        # the experts' tensor parallelism etp (tp, or 1 when folded: the same FLOPs a GPU); the
+        # most loaded rank moe_imbalance times that, and every rank waits for it.
+        expert_tokens = tokens * layer.top_k * _imbalance(ctx)
         routed = expert_tokens * etp / tp
         per_expert = max(routed * ctx.ep / layer.experts, 1.0)
         for l in layer.expert_linears:
@@ -312,8 +324,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     # Memory-bound ops (bytes read + written, forward).
     norm_rw = 2 * NORM_FUSED_BYTES * rep
     bias_dropout_add = 2 * (3 * ACT_BYTES + (MASK_BYTES if has_dropout else 0)) * rep
-    act_width = (layer.ffn_width + layer.top_k * (layer.expert_linears[0].n // (2 if layer.ffn_act == "swiglu" else 1)
-                                                   if layer.experts else 0))
+    act_width = (layer.ffn_width + layer.top_k * _imbalance(ctx)
+                 * (layer.expert_linears[0].n // (2 if layer.ffn_act == "swiglu" else 1) if layer.experts else 0))
     act_rw = (3 if layer.ffn_act == "swiglu" else 2) * ACT_BYTES * tokens * act_width / tp
     rope_rw = 2 * ACT_BYTES * tokens * (q_local + kv_local) * layer.d_qk if layer.rope else 0.0
     softmax_rw = 0.0

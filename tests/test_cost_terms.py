@@ -7,7 +7,7 @@ import pytest
 
 from planner.cost import comm, pipeline
 from planner.cost.step import estimate, layer_cost, model_flops_per_sequence
-from planner.graph import Ctx, build_layers
+from planner.graph import Ctx, build_layers, layer_work
 from planner.placement import Span
 from planner.runs import load_runs
 from planner.spec.hardware import load_cluster
@@ -325,6 +325,25 @@ def test_a_runtime_runs_the_kernel_its_record_names():
     assert kernel(a100, "composer@2023") == "fa-triton"
     assert kernel(h100, "composer@2023") == "fa2" and kernel(a100, "composer") == "fa2"
     assert a100.gpu.measured.attention_tflops("fa-triton", True, 128, 2048) == 68  # against FA2's 155
+
+
+def test_an_uneven_router_loads_the_busiest_expert_rank_and_every_rank_waits_for_it():
+    """moe_imbalance F: the most loaded expert-parallel rank's expert GEMMs, expert all-to-all
+    bytes and kept expert activations grow F-fold, the dense parts and the model FLOPs (MFU's
+    numerator) not; at most ep-fold; without expert parallelism nothing changes."""
+    layer = build_layers(load_model("mixtral-8x7b"))[0]
+    base = Ctx(micro_batch=1, seq_len=4096, tp=2, ep=8, sp=True)
+    even, uneven = layer_work(layer, base), layer_work(layer, replace(base, moe_imbalance=1.5))
+    dense = len(layer.attn_linears + layer.mlp_linears)
+    experts = slice(dense, dense + len(layer.expert_linears))
+    assert [f for f, _ in uneven.gemms[experts]] == pytest.approx([1.5 * f for f, _ in even.gemms[experts]])
+    assert uneven.gemms[:dense] == even.gemms[:dense] and uneven.model_flops == even.model_flops
+    assert uneven.ep_message_bytes == pytest.approx(1.5 * even.ep_message_bytes)
+    assert uneven.saved.total > even.saved.total
+    two = replace(base, ep=2)
+    assert layer_work(layer, replace(two, moe_imbalance=8.0)) == layer_work(layer, replace(two, moe_imbalance=2.0))
+    one = replace(base, ep=1)
+    assert layer_work(layer, replace(one, moe_imbalance=3.0)) == layer_work(layer, one)
 
 
 def test_tensor_parallel_overlap_hides_collectives_up_to_the_gemms():

@@ -418,7 +418,7 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
                flash=setup.attention == "flash", dropout=model.dropout, folded=setup.expert_tp(tp, model) < tp,
                quantised_inputs=setup.precision == "fp8" and rules.fp8_saves_quantised,
                eager_swiglu=rules.eager_swiglu, eager_norm_bytes=rules.eager_norm_bytes,
-               expanded_kv=rules.expanded_kv)
+               expanded_kv=rules.expanded_kv, moe_imbalance=setup.moe_imbalance if model.moe is not None else 1.0)
 
 
 def base_mode(recompute: str) -> str:

@@ -54,11 +54,24 @@ the 1-2 GiB that NCCL's initialisation alone was measured to take (stas00/ml-eng
 training/performance/README.md). `estimate` and `validate` price at 0: what ran, fits."""
 
 
+MAX_MOE_IMBALANCE = 8.0
+"""the largest moe-imbalance a setup takes: a rank's load at 8 balanced shares is a router sending
+most tokens to one rank's experts, far past what load-balancing losses leave"""
+
+
+def checked_imbalance(f) -> float:
+    """A moe-imbalance as a float in [1, MAX_MOE_IMBALANCE], else the SpecError that says so."""
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 1.0 <= f <= MAX_MOE_IMBALANCE:
+        raise SpecError(f"moe-imbalance must be a number in [1, {MAX_MOE_IMBALANCE:g}] (the most loaded "
+                        f"expert-parallel rank's tokens over a balanced share), got {f!r}")
+    return float(f)
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """How a request runs beyond its precision and parallelism: the TrainingSetup fields
-    moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather and
-    loss_fusion as one value, what the CLI, planning and forecasts pass along (TrainingSetup
+    moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather,
+    loss_fusion and moe_imbalance as one value, what the CLI, planning and forecasts pass along (TrainingSetup
     checks them). folding None leaves it to the search: both layouts where the runtime folds
     (planning.moe_variants)."""
 
@@ -69,6 +82,10 @@ class RunOptions:
     grad_reduce: str = ""
     fp8_param_gather: bool = False
     loss_fusion: str = ""
+    moe_imbalance: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "moe_imbalance", checked_imbalance(self.moe_imbalance))
 
     def at(self, precision: str) -> "RunOptions":
         """The options a setup in `precision` takes: no fp8 recipe nor fp8 parameter gather below
@@ -81,7 +98,8 @@ class RunOptions:
     def setup_fields(self) -> dict:
         return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding),
                 "fp8_recipe": self.fp8_recipe, "grad_reduce": self.grad_reduce,
-                "fp8_param_gather": self.fp8_param_gather, "loss_fusion": self.loss_fusion}
+                "fp8_param_gather": self.fp8_param_gather, "loss_fusion": self.loss_fusion,
+                "moe_imbalance": self.moe_imbalance}
 
     @classmethod
     def recorded(cls, training: dict) -> "RunOptions":
@@ -90,7 +108,7 @@ class RunOptions:
         return cls(dispatcher=training.get("moe_dispatcher", ""), ep_overlap=training.get("ep_overlap", False),
                    folding=training.get("moe_folding"), fp8_recipe=training.get("fp8_recipe", ""),
                    grad_reduce=training.get("grad_reduce", ""), fp8_param_gather=training.get("fp8_param_gather", False),
-                   loss_fusion=training.get("loss_fusion", ""))
+                   loss_fusion=training.get("loss_fusion", ""), moe_imbalance=training.get("moe_imbalance", 1.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +147,11 @@ class TrainingSetup:
     loss_fusion: str = ""
     """a fused cross-entropy loss (LOSS_FUSIONS; runtimes.RuntimeRules.loss_fusions); '' = the
     runtime's own loss"""
+    moe_imbalance: float = 1.0
+    """MoE routing: the token-expert pairs the most loaded expert-parallel rank receives over a
+    balanced share (1 to MAX_MOE_IMBALANCE; graph.Ctx.moe_imbalance). 1 is balanced routing, what
+    the published benchmark runs force (force-balanced routers, token dropping at capacity factor
+    1): the default, so a plan prices the best case unless told how unevenly a router spreads"""
 
     def __post_init__(self) -> None:
         for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
@@ -157,6 +180,7 @@ class TrainingSetup:
         for name in ("ep_overlap", "moe_folding", "fp8_param_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name.replace('_', '-')} must be true or false, got {getattr(self, name)!r}")
+        object.__setattr__(self, "moe_imbalance", checked_imbalance(self.moe_imbalance))
         refused = (precision_refusal(self.runtime, self.precision)
                    or fp8_recipe_refusal(self.runtime, self.precision, self.fp8_recipe)
                    or dispatcher_refusal(self.runtime, self.moe_dispatcher)
@@ -189,6 +213,8 @@ class TrainingSetup:
         for name in ("ep_overlap", "moe_folding", "fp8_param_gather"):
             if not out[name]:
                 del out[name]  # plans made before the knob read alike
+        if out["moe_imbalance"] == 1.0:
+            del out["moe_imbalance"]  # balanced routing: plans made before the knob read alike
         return out
 
     def expert_tp(self, tp: int, model) -> int:
