@@ -354,8 +354,10 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
 # model reads of them is the attention kernel, the loss's peak and, for a version of a target,
 # its space.
 RUNTIME_RULES["torchtitan@0.2"] = replace(
-    RUNTIME_RULES["torchtitan"],
-    note="torchtitan 0.2.x (0.2.0, 0.2.2): the space of 0.3, its job written as the TOML config 0.3 no longer reads")
+    RUNTIME_RULES["torchtitan"], loss_parallel_bytes_per_logit=16.0,
+    note="torchtitan 0.2.x (0.2.0, 0.2.2): the space of 0.3, its job written as the TOML config 0.3 no longer reads; "
+         "under tp its loss runs in torch's DTensor loss_parallel (v0.2.2 train.py: loss_parallel_enabled = "
+         "tp_enabled and not disable_loss_parallel; components/loss.py: cross_entropy of the fp32 cast)")
 RUNTIME_RULES["torchtitan@2024-12-compiled"] = replace(
     RUNTIME_RULES["torchtitan"], loss_parallel_bytes_per_logit=16.0, eager_swiglu=False,
     note="torchtitan of December 2024 (9dec370, the configs of docs/performance.md at d4c86e375) with "

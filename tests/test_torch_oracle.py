@@ -614,7 +614,8 @@ def test_torchtitans_eager_rmsnorm_moves_its_records_bytes():
 
 
 def test_torchs_loss_parallel_peaks_at_the_2024_torchtitan_records_bytes_per_logit(tmp_path):
-    """torchtitan 9dec370's train step under tp (loss_parallel_enabled): the head's output a
+    """torchtitan 9dec370's and 0.2.x's train step under tp (loss_parallel_enabled; v0.2.2
+    train.py, the same test of tp and disable_loss_parallel): the head's output a
     vocabulary-sharded DTensor, cross_entropy of its fp32 cast inside torch's loss_parallel()
     context, forward and backward. One rank on CPU (gloo) runs the same DTensor code path as each
     rank of a tp group."""
@@ -636,7 +637,7 @@ def test_torchs_loss_parallel_peaks_at_the_2024_torchtitan_records_bytes_per_log
         per_logit = _loss_peak_bytes_per_logit(sharded_loss, around=loss_parallel())
     finally:
         dist.destroy_process_group()
-    for name in ("torchtitan@2024-12-compiled", "torchtitan@2024-12"):
+    for name in ("torchtitan@2024-12-compiled", "torchtitan@2024-12", "torchtitan@0.2"):
         assert per_logit == pytest.approx(RUNTIME_RULES[name].loss_bytes(8), abs=0.05)
         assert RUNTIME_RULES[name].loss_bytes(1) == RUNTIME_RULES["torchtitan"].loss_bytes_per_logit
 
