@@ -336,6 +336,11 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                # torchao Float8LinearConfig's default recipe: dynamic per-tensor scaling
                                fp8_recipes=("tensorwise",),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0,
+                               # under tp its lm_head leaves the logits vocabulary-sharded (0.3.0
+                               # models/common/decoder_sharding.py: out S(-1)), so the loss is its
+                               # _LossParallelCrossEntropy (components/loss.py), measured at 16 bytes
+                               # a logit on CPU like 0.2's DTensor loss_parallel (tests/test_torch_oracle.py)
+                               loss_parallel_bytes_per_logit=16.0,
                                eager_swiglu=True,
                                loss_traffic_per_logit=TORCH_LOSS_RW_BYTES,
                                # module_fqns_per_model_part: each stage's own layers (torchtitan 0.3.0
@@ -354,12 +359,12 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
 # model reads of them is the attention kernel, the loss's peak and, for a version of a target,
 # its space.
 RUNTIME_RULES["torchtitan@0.2"] = replace(
-    RUNTIME_RULES["torchtitan"], loss_parallel_bytes_per_logit=16.0,
+    RUNTIME_RULES["torchtitan"],
     note="torchtitan 0.2.x (0.2.0, 0.2.2): the space of 0.3, its job written as the TOML config 0.3 no longer reads; "
          "under tp its loss runs in torch's DTensor loss_parallel (v0.2.2 train.py: loss_parallel_enabled = "
          "tp_enabled and not disable_loss_parallel; components/loss.py: cross_entropy of the fp32 cast)")
 RUNTIME_RULES["torchtitan@2024-12-compiled"] = replace(
-    RUNTIME_RULES["torchtitan"], loss_parallel_bytes_per_logit=16.0, eager_swiglu=False,
+    RUNTIME_RULES["torchtitan"], eager_swiglu=False,
     note="torchtitan of December 2024 (9dec370, the configs of docs/performance.md at d4c86e375) with "
          "torch.compile of its TransformerBlocks (the norms fused; the loss not compiled) and, under tp, torch's "
          "DTensor loss_parallel (parallel_dims.loss_parallel_enabled: tp > 1 unless disable_loss_parallel)")
@@ -368,7 +373,7 @@ RUNTIME_RULES["torchtitan@2024-12"] = replace(
     note="torchtitan of December 2024 without torch.compile (9dec370, the configs of docs/performance.md at "
          "d4c86e375: norm_type 'rmsnorm', torchtitan/models/norms.py's eager RMSNorm; loss_parallel under tp)")
 RUNTIME_RULES["torchtitan@compile"] = replace(
-    RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0, eager_swiglu=False,
+    RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0, loss_parallel_bytes_per_logit=None, eager_swiglu=False,
     note="torchtitan with torch.compile of the model and the loss (training.compile from mid-2025, "
          "components/loss.py build_cross_entropy_loss; before, its train.py compiled no loss)")
 RUNTIME_RULES["megatron@2022"] = RuntimeRules(

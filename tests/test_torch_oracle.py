@@ -642,6 +642,41 @@ def test_torchs_loss_parallel_peaks_at_the_2024_torchtitan_records_bytes_per_log
         assert RUNTIME_RULES[name].loss_bytes(1) == RUNTIME_RULES["torchtitan"].loss_bytes_per_logit
 
 
+def test_torchtitan_03s_own_vocab_parallel_loss_peaks_at_its_records_bytes_per_logit(tmp_path):
+    """torchtitan 0.3.0 under tp: its lm_head leaves the logits vocabulary-sharded (models/common/
+    decoder_sharding.py: out S(-1)) and cross_entropy_loss runs its own _LossParallelCrossEntropy
+    (components/loss.py: the fp32 cast, its log-probabilities saved for backward). One rank on CPU
+    (gloo), in a process of its own since 0.3 and the installed 0.2.2 cannot share one."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from runtime_checks import TORCHTITAN_03
+
+    from planner.runtimes import RUNTIME_RULES
+
+    assert TORCHTITAN_03.is_dir(), f"torchtitan 0.3.0 is not installed in {TORCHTITAN_03}: run README's test command"
+    script = f"""
+import json, sys
+sys.path[:0] = [{str(TORCHTITAN_03)!r}, {str(Path(__file__).parent)!r}]
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+from torchtitan.components.loss import _LossParallelCrossEntropy
+from test_torch_oracle import _loss_peak_bytes_per_logit
+group = dist.group.WORLD
+print(json.dumps(_loss_peak_bytes_per_logit(
+    lambda logits, labels: _LossParallelCrossEntropy.apply(logits.flatten(0, 1).float(), labels.flatten(0, 1),
+                                                           group, logits.shape[-1], "sum"))))
+dist.destroy_process_group()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    per_logit = json.loads(done.stdout.strip().splitlines()[-1])
+    assert per_logit == pytest.approx(RUNTIME_RULES["torchtitan"].loss_bytes(8), abs=0.05)
+    assert RUNTIME_RULES["torchtitan"].loss_bytes(1) == RUNTIME_RULES["torchtitan"].loss_bytes_per_logit
+
+
 def _loss_traffic_per_logit(loss_fn, batch=1, seq=64, vocab=16000) -> float:
     """HBM bytes per logit element a loss moves, forward and backward, op by op under PyTorch's
     dispatcher: what each op reads (its tensor arguments, an out= one excepted) and writes (its
