@@ -388,7 +388,12 @@ RUNTIME_RULES["nanotron"] = RuntimeRules(
     "activation recomputation, no FP8; ranks ep, pp, dp, tp outermost first",
     orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16"), recompute_modes=("none",),
     # v0.4 models/llama.py GLUActivation: act(gate) * up with nn/activations.py's SiLUActivation
-    eager_swiglu=True)
+    eager_swiglu=True,
+    # v0.4 models/llama.py Loss: sharded_cross_entropy(..., dtype=torch.float), whose
+    # _ShardedCrossEntropy (parallel/tensor_parallel/functional.py) holds at its peak the 16-bit
+    # logits (2), their fp32 cast (4) and the shifted fp32 copy it exponentiates in place and
+    # keeps as the softmax (4): 10 bytes a logit (its own code on CPU, one gloo rank: 10.02)
+    loss_bytes_per_logit=10.0)
 for _name, _note, _recipes, _te in (
         # Composer's amp_fp8 runs Transformer Engine's fp8_autocast with its default DelayedScaling
         ("composer", "MosaicML llm-foundry (FSDP, flash_attn; fp8 through Transformer Engine, delayed scaling)",
