@@ -328,7 +328,13 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                               orders=("tp-cp-ep-dp-pp",), precisions=("bf16", "fp16"),
                               # deepspeed 0.19.0 runtime/engine.py _configure_zero_optimizer: "MoE not
                               # supported with Stage 3" (asserted wherever the model has MoE layers)
-                              zero_with_experts=(0, 1, 2)),
+                              zero_with_experts=(0, 1, 2),
+                              # Megatron-DeepSpeed (f4157bea) model/gpt_model.py: vocab_parallel_cross_entropy
+                              # of output.float(), whose core/tensor_parallel/cross_entropy.py subtracts the
+                              # max out of place and keeps exp as the softmax: its own code on CPU (one gloo
+                              # rank) holds 10.02 bytes a logit at its peak, where megatron-core's in-place
+                              # one holds 6
+                              loss_bytes_per_logit=10.0),
     "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", "all", True, True,
                                "torchtitan 0.3.0 (0.2.x: torchtitan@0.2): FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
