@@ -520,11 +520,14 @@ def _on_one_megatron_rank(tmp_path, measure):
 
 def test_megatron_cores_vocab_parallel_loss_peaks_at_its_records_bytes_per_logit(tmp_path):
     """megatron-core 0.16.0's vocab_parallel_cross_entropy (one tensor-parallel rank, gloo on
-    CPU): the bf16 logits beside their fp32 copy, softmax and gradient in place."""
+    CPU): the bf16 logits beside their fp32 copy, softmax and gradient in place. Megatron-DeepSpeed's
+    and nanotron's versions of it subtract the max out of place and hold more (their records: 10,
+    measured once on their own code, which the tests cannot import)."""
     from planner.runtimes import RUNTIME_RULES
     measured = _on_one_megatron_rank(tmp_path, _loss_peak_bytes_per_logit)
-    for name in ("megatron", "deepspeed", "nanotron"):  # Megatron-DeepSpeed and nanotron compute it alike
-        assert measured == pytest.approx(RUNTIME_RULES[name].loss_bytes_per_logit, abs=0.05)
+    assert measured == pytest.approx(RUNTIME_RULES["megatron"].loss_bytes_per_logit, abs=0.05)
+    for name in ("deepspeed", "nanotron"):
+        assert RUNTIME_RULES[name].loss_bytes_per_logit > measured + 3
 
 
 def test_a_compiled_loss_keeps_the_bf16_logits_alone():
@@ -732,7 +735,9 @@ def test_megatron_cores_vocab_parallel_loss_moves_the_graphs_bytes_per_logit(tmp
     from planner.runtimes import RUNTIME_RULES
     per_logit = _on_one_megatron_rank(tmp_path, _loss_traffic_per_logit)
     assert per_logit == pytest.approx(LOGIT_RW_BYTES, abs=0.05)
-    for name in ("megatron", "deepspeed", "nanotron"):  # Megatron-DeepSpeed and nanotron compute it alike
+    # Megatron-DeepSpeed's and nanotron's out-of-place versions move somewhat more; unmeasured, they
+    # are priced at megatron-core's
+    for name in ("megatron", "deepspeed", "nanotron"):
         assert RUNTIME_RULES[name].loss_traffic_per_logit is None
 
 
