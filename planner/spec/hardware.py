@@ -220,11 +220,9 @@ def _borrowed(f: Fields, gpu: Gpu) -> Efficiency:
         if key != "borrowed_from":
             raise f.error(str(key), "nothing goes beside borrowed_from: a borrowed block's values are its lender's")
     try:
-        path = resolve(name, "hardware/clusters", "cluster")
+        path, data = _cluster_mapping(name)
     except SpecError as e:
         raise f.error("borrowed_from", str(e)) from None
-    data = load_mapping(path)
-    data.setdefault("name", path.stem)
     if "pools" in data:
         raise f.error("borrowed_from", f"{name!r} is a mixed cluster; borrow from a cluster of one kind of GPU")
     if isinstance(data.get("efficiency"), dict) and "borrowed_from" in data["efficiency"]:
@@ -289,10 +287,16 @@ def derated(data: dict, where: str, seen: tuple[str, ...]) -> dict:
 def load_cluster(ref: str):
     """A preset name under hardware/clusters/ or a path to a cluster YAML: a Cluster, or a
     spec/pools.MixedCluster where the spec lists `pools:`."""
+    path, data = _cluster_mapping(ref)
+    return cluster_from_dict(data, str(path))
+
+
+def _cluster_mapping(ref: str):
+    """(path, mapping) of a cluster preset or YAML, its name defaulting to the file's stem."""
     path = resolve(ref, "hardware/clusters", "cluster")
     data = load_mapping(path)
     data.setdefault("name", path.stem)
-    return cluster_from_dict(data, str(path))
+    return path, data
 
 
 def cluster_from_dict(data: dict, where: str):
