@@ -462,6 +462,12 @@ def test_an_overlapped_expert_plan_exports_to_megatron_alone():
     assert "--overlap-moe-expert-parallel-comm" in export(plan, "megatron").split()
     CHECKS["megatron"](plan)
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in export(plan, "megatron", "launch")
+    # with tp > 1 before Blackwell validate_args wants one queue, and the script sets that alone
+    with_tp = estimate_plan(model, cluster, gpus=64, global_batch=512, seq_len=4096, precision="bf16",
+                            attention="flash", runtime="megatron", constraints={"ep": 8, "pp": 2, "vpp": 2, "tp": 2},
+                            options=RunOptions(ep_overlap=True))
+    launch = export(with_tp, "megatron", "launch")
+    assert launch.count("CUDA_DEVICE_MAX_CONNECTIONS=") == 1 and "export CUDA_DEVICE_MAX_CONNECTIONS=1 " in launch
     for other in ("deepspeed", "torchtitan", "nanotron"):
         with pytest.raises(ExportError):
             export(plan, other)

@@ -83,12 +83,12 @@ def launch_script(plan: dict, v: PlanView, lines: list[str]) -> str:
     out.append("set -euo pipefail")
     if (v.tp > 1 or v.cp > 1) and families != {"blackwell"}:
         out.append("export CUDA_DEVICE_MAX_CONNECTIONS=1  # required by validate_args with tp or cp > 1 before Blackwell")
-    if tp_comm_overlap(v) and families - set(MULTICAST_FAMILIES):
-        out.append("export UB_SKIPMC=1  # --tp-comm-overlap: userbuffers over CUDA IPC, as GPUs before Hopper have no "
-                   "CUDA multicast (Transformer Engine's initialize_ub asserts otherwise)")
     elif v.ep_overlap:
         out.append("export CUDA_DEVICE_MAX_CONNECTIONS=32  # overlapped expert all-to-alls need more than one queue "
                    "(validate_args; Megatron-Bridge's recipes set 32)")
+    if tp_comm_overlap(v) and set(v.families) - set(MULTICAST_FAMILIES):
+        out.append("export UB_SKIPMC=1  # --tp-comm-overlap: userbuffers over CUDA IPC, as GPUs before Hopper have no "
+                   "CUDA multicast (Transformer Engine's initialize_ub asserts otherwise)")
     out.append(f'torchrun --nproc-per-node {per_node} --nnodes {nodes} --node-rank "${{NODE_RANK:-0}}" '
                f'--master-addr "${{MASTER_ADDR:-localhost}}" --master-port "${{MASTER_PORT:-6000}}" \\')
     out.append('  "$MEGATRON/pretrain_gpt.py" \\')
