@@ -31,10 +31,14 @@ SWEEP_CHUNK = 8
 balance the processes better"""
 
 
-def _notes(cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes: float = 0.0,
+def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes: float = 0.0,
            proven_optimal: bool = True, mfu: float = 0.0) -> list[str]:
     """What a reader of the plan must know about how far to trust it."""
     notes = []
+    if model.moe is not None and setup.moe_imbalance == 1.0:
+        notes.append(f"{model.name}: expert routing priced balanced, every expert-parallel rank an equal share of the "
+                     "tokens (as the published benchmarks force it); `--moe-imbalance F` prices the busiest rank at F "
+                     "times its share")
     warning = mfu_warning(cluster.gpu.name, setup.precision, mfu)
     if warning:
         notes.append(warning)
@@ -143,7 +147,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
         notes.append("no supported runtime runs this strategy (" + "; ".join(refused) + "): priced in the ideal space")
     else:
         _, _, setup, strategy, est = min(priced, key=lambda x: x[:2])
-    notes = _notes(cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu) + notes
+    notes = _notes(model, cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu) + notes
     if union and not builds(model):
         notes.append(_unbuilt_note(model))
     return _with_runtimes(_requested(options, build_plan(model, cluster, setup, strategy, est, constraints,
@@ -217,7 +221,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
         c = result.closest
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
                                               best.step_time_s, cap, name if union and built else None))
-    notes = _notes(cluster, setup, proven_optimal=rule_proven and all(r.proven_optimal for _, r in searched.values()),
+    notes = _notes(model, cluster, setup, proven_optimal=rule_proven and all(r.proven_optimal for _, r in searched.values()),
                    mfu=est.mfu)
     if union and not built:
         notes.append(_unbuilt_note(model))
@@ -609,7 +613,7 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     proven = result.proven_optimal and all(d["search"]["proven_optimal"] for _, d in alone)
     width = best.strategy.tp * best.strategy.cp * best.strategy.dp
     mfu = pool_mfu(model, clusters, setup, best.strategy, best.stage_pool, est)
-    notes = [n for j in used for n in _notes(clusters[j], setup, proven_optimal=proven, mfu=mfu[j])]
+    notes = [n for j in used for n in _notes(model, clusters[j], setup, proven_optimal=proven, mfu=mfu[j])]
     union = request["runtime"] == SUPPORTED
     doc = build_plan(model, clusters[best.stage_pool[0]], setup, best.strategy, est, request["constraints"],
                      {"name": request.get("solver", "exact"), "time_limit_s": request.get("time_limit_s", 10.0)},
@@ -712,7 +716,7 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
     used = sum(sh.setup.gpus for sh, _, _ in priced)
     batch = request["global_batch"]
     setup = replace(lead.setup, gpus=used, global_batch=batch)
-    notes = [n for sh, pool, est in priced for n in _notes(pool.cluster, sh.setup, mfu=est.mfu)]
+    notes = [n for sh, pool, est in priced for n in _notes(model, pool.cluster, sh.setup, mfu=est.mfu)]
     doc = build_plan(model, lead_pool.cluster, lead.setup, lead.candidate.strategy, lead_est, request["constraints"],
                      {"name": request.get("solver", "exact"), "time_limit_s": request.get("time_limit_s", 10.0)},
                      notes=list(dict.fromkeys(notes)))

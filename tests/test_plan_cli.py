@@ -49,7 +49,8 @@ def test_runners_up_say_why_they_lost(plan_doc):
 def test_moe_imbalance_is_priced_recorded_rechecked_and_refused_where_it_means_nothing(tmp_path):
     """--moe-imbalance F prices the most loaded expert rank (slower than balanced routing at the same
     strategy), is recorded in the plan (absent at 1: plans made before the knob read alike) and
-    re-checked from it; a dense model or an F below 1 is refused in one line."""
+    re-checked from it; a plan priced balanced says so in a note, one priced at F does not; a
+    dense model or an F below 1 is refused in one line."""
     mixtral = ["plan", "-m", "mixtral-8x7b", "-c", "dgx-h100", "--gpus", "64", "--global-batch", "256",
                "--seq-len", "4096", "--runtime", "megatron", "--tp", "2", "--ep", "8", "--pp", "1", "--json"]
     even = json.loads(run(*mixtral).stdout)
@@ -59,6 +60,10 @@ def test_moe_imbalance_is_priced_recorded_rechecked_and_refused_where_it_means_n
     uneven = json.loads(result.stdout)
     assert "moe_imbalance" not in even["inputs"]["training"] and uneven["inputs"]["training"]["moe_imbalance"] == 1.3
     assert uneven["prediction"]["step_time_s"] > 1.05 * even["prediction"]["step_time_s"]
+    balanced = [n for n in even["notes"] if "routing priced balanced" in n]
+    assert len(balanced) == 1 and "--moe-imbalance" in balanced[0]
+    assert not any("routing priced balanced" in n for n in uneven["notes"])
+    assert not any("routing" in n for n in json.loads(run(*PLAN, "--json").stdout)["notes"])
     assert run("check", str(path)).returncode == 0
     assert "has no experts" in one_error_line(run(*PLAN, "--moe-imbalance", "1.2"))
     assert "moe-imbalance must be a number in [1, 8]" in one_error_line(run(*mixtral, "--moe-imbalance", "0.5"))
