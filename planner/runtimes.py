@@ -124,6 +124,14 @@ class RuntimeRules:
     'default' (reshard_after_forward = not pp_enabled). That is the traffic and memory of ZeRO-1
     (priced_zero)."""
 
+    pp_keeps_outputs: bool = False
+    """under pipeline stages its last stage keeps every micro-batch's output, the 16-bit logits, until
+    the step ends: torch.distributed.pipelining's forward_one_chunk appends each output of the last
+    stage to output_chunks, which only the next step's clear_runtime_states empties; torchtitan turned
+    it off in #1922 (e5ef99aab, 2025-10-22: return_outputs=False, the API of pytorch#165822 'since we
+    do not return any output from PP step(). This allows us to release the memory earlier'), first
+    in v0.2.1. cost/step.stage_ends counts the kept logits"""
+
     loss_bytes_per_logit: float = 6.0
     """bytes per logit element its loss holds at its peak (the LM head's logits, their fp32 copy,
     the softmax it keeps, their gradients), measured with PyTorch on CPU in
@@ -370,7 +378,7 @@ RUNTIME_RULES["torchtitan@0.2"] = replace(
          "under tp its loss runs in torch's DTensor loss_parallel (v0.2.2 train.py: loss_parallel_enabled = "
          "tp_enabled and not disable_loss_parallel; components/loss.py: cross_entropy of the fp32 cast)")
 RUNTIME_RULES["torchtitan@2024-12-compiled"] = replace(
-    RUNTIME_RULES["torchtitan"], eager_swiglu=False,
+    RUNTIME_RULES["torchtitan"], eager_swiglu=False, pp_keeps_outputs=True,
     note="torchtitan of December 2024 (9dec370, the configs of docs/performance.md at d4c86e375) with "
          "torch.compile of its TransformerBlocks (the norms fused; the loss not compiled) and, under tp, torch's "
          "DTensor loss_parallel (parallel_dims.loss_parallel_enabled: tp > 1 unless disable_loss_parallel)")

@@ -732,3 +732,34 @@ def test_a_version_1_efficiency_block_prices_sends_and_the_loss_as_it_always_did
     assert prof.p2p_fill_s == 0.0
     assert estimate(model, cluster, setup, s).breakdown_s["pp_comm"] == pytest.approx(m * 2 * chunk, rel=1e-9)
     assert loss_bytes(setup, 1, legacy=True)[1] == LEGACY_LOGIT_RW_BYTES == 60
+
+
+def test_the_last_stage_keeps_every_micro_batchs_logits_where_the_runtime_does(monkeypatch):
+    """torch.distributed.pipelining before torchtitan #1922 kept each micro-batch's output on the
+    last stage until the step ended (RuntimeRules.pp_keeps_outputs): that stage holds the 16-bit
+    logits of the other m - 1 micro-batches on top, every other stage and a one-stage run are
+    unchanged, and the step time is the same."""
+    from planner.cost.step import estimate, head_work, layer_ctx
+    from planner.graph import ACT_BYTES
+    from planner.runtimes import RUNTIME_RULES
+    from planner.spec.training import Strategy, TrainingSetup
+
+    monkeypatch.setitem(RUNTIME_RULES, "freed", replace(RUNTIME_RULES["torchtitan@2024-12-compiled"],
+                                                        pp_keeps_outputs=False))
+    cluster, model = load_cluster("dgx-h100"), load_model("llama3-8b")
+    s = Strategy(dp=2, tp=2, pp=4, zero=3, recompute="full", sequence_parallel=True)
+    kept, freed = (estimate(model, cluster, TrainingSetup(gpus=16, global_batch=64, seq_len=4096, precision="bf16",
+                                                          runtime=rt), s)
+                   for rt in ("torchtitan@2024-12-compiled", "freed"))
+    setup = TrainingSetup(gpus=16, global_batch=64, seq_len=4096, runtime="torchtitan")
+    logits = head_work(model, layer_ctx(model, setup, 2, 1, 1, 1, True)).logits
+    m = s.num_microbatches(64)
+    assert m > 1 and kept.step_time_s == freed.step_time_s
+    for a, b in zip(kept.stages[:-1], freed.stages[:-1]):
+        assert a.memory.total == b.memory.total
+    grown = kept.stages[-1].memory.activations - freed.stages[-1].memory.activations
+    assert grown == pytest.approx((m - 1) * ACT_BYTES * logits, rel=1e-12)
+    one = Strategy(dp=8, tp=2, zero=3, recompute="full", sequence_parallel=True)
+    alone = [estimate(model, cluster, TrainingSetup(gpus=16, global_batch=64, seq_len=4096, runtime=rt), one)
+             for rt in ("torchtitan@2024-12-compiled", "freed")]
+    assert alone[0].stages[0].memory.activations == alone[1].stages[0].memory.activations

@@ -19,6 +19,7 @@ import numpy as np
 
 from planner.cost import comm, compute, memory, pipeline
 from planner.graph import (
+    ACT_BYTES,
     LEGACY_LOGIT_RW_BYTES,
     LOGIT_RW_BYTES,
     LOGIT_SAVED_BYTES,
@@ -445,7 +446,7 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                          kernel_of(cluster, setup),
                          tp_overlap(setup.runtime, sequence_parallel, cluster.gpu.family), setup.dispatcher == "dedup", setup.ep_overlap,
                          *loss_bytes(setup, tp, isinstance(cluster.efficiency, LegacyEfficiency)),
-                         quant_bytes(cluster, setup))
+                         quant_bytes(cluster, setup), RUNTIME_RULES[setup.runtime].pp_keeps_outputs)
 
 
 def loss_bytes(setup: TrainingSetup, tp: int, legacy: bool = False) -> tuple[float, float]:
@@ -510,14 +511,15 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
                   ep_dedup: bool = False, ep_overlap: bool = False,
                   loss_bytes_per_logit: float = LOGIT_SAVED_BYTES,
                   loss_traffic_per_logit: float = LOGIT_RW_BYTES,
-                  quant: tuple[float, float] | None = None) -> LayerTables:
+                  quant: tuple[float, float] | None = None, keeps_outputs: bool = False) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order). The head
     holds, at the loss's peak, what it saves besides the logits and `loss_bytes_per_logit` per
     logit (loss_bytes), once per stage: one micro-batch's loss at a time, and moves
     `loss_traffic_per_logit` per logit. Added to a recomputed layer's rebuild buffer, though the two
     never coincide (the loss's buffers are gone when backward reaches a layer): an overcount of
-    at most the smaller, on the safe side."""
+    at most the smaller, on the safe side. `keeps_outputs` (RuntimeRules.pp_keeps_outputs): the
+    last pipeline stage keeps each micro-batch's 16-bit logits to the step's end (head_kept)."""
     gpu, eff = cluster.gpu, cluster.efficiency
     head_precision = compute.outside_fp8(precision, eff)
     kinds, kind_index = _kinds(model)
@@ -553,7 +555,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
             + t_mem(head.elementwise_bytes + (loss_traffic_per_logit - LOGIT_RW_BYTES) * head.logits),
             "head_tp": 2 * coll(head.tp_message_bytes or emb.tp_message_bytes),
             "head_params": head.params_local, "head_tied": tied_head_params(model, base.tp),
-            "head_saved": head.saved_bytes + (loss_bytes_per_logit - LOGIT_SAVED_BYTES) * head.logits}
+            "head_saved": head.saved_bytes + (loss_bytes_per_logit - LOGIT_SAVED_BYTES) * head.logits,
+            "head_kept": ACT_BYTES * head.logits if keeps_outputs else 0.0}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
     return LayerTables(prefix=prefix, ends=ends, kinds=kinds, transient_bytes=transient, prefetch_bytes=prefetch)
@@ -674,7 +677,8 @@ def _held(prof: Profile, i, sums: dict) -> tuple:
     """stage_ends of stage i holding the layers `sums` sums up (_stage_sums)."""
     E, last = prof.ends, prof.strategy.pp - 1
     return stage_ends(np.equal(i, 0), np.equal(i, last), sums["params"], sums["saved"], E["emb_params"],
-                      E["head_params"], E["head_tied"], E["emb_saved"], E["head_saved"])
+                      E["head_params"], E["head_tied"], E["emb_saved"], E["head_saved"], E["head_kept"],
+                      prof.microbatches)
 
 
 def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tuple:
@@ -688,13 +692,18 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
                         dp_grad_bytes(prof.setup.precision, prof.setup.grad_reduce))
 
 
-def stage_ends(first, last, params, saved, emb_params, head_params, head_tied, emb_saved, head_saved) -> tuple:
+def stage_ends(first, last, params, saved, emb_params, head_params, head_tied, emb_saved, head_saved,
+               head_kept=0.0, microbatches=1) -> tuple:
     """(dense parameters, saved bytes per micro-batch, the LM head's saved bytes) of a pipeline
     stage whose layers hold `params` and `saved`: the first stage also holds the embedding, the
     last the LM head, less `head_tied` (tied_head_params) when it is also the first, whose
-    embedding table then serves as the head. Arrays broadcast."""
+    embedding table then serves as the head. The last of two or more stages also holds
+    `head_kept` (LayerTables ends) for each of the step's other `microbatches` - 1 micro-batches:
+    at its last backward, the outputs of the earlier ones a runtime keeps
+    (RuntimeRules.pp_keeps_outputs). Arrays broadcast."""
+    kept = last * np.logical_not(first) * (microbatches - 1) * head_kept
     return (params + first * emb_params + last * (head_params - first * head_tied), saved + first * emb_saved,
-            last * head_saved)
+            last * head_saved + kept)
 
 
 def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,

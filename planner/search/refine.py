@@ -374,7 +374,8 @@ class Refiner:
         extra = (1,) * (total("params").ndim - 1)
         dense, saved, head = stage_ends(first, last, total("params"), total(saved_key) - less_saved,
                                         end("emb_params"), end("head_params"), end("head_tied"),
-                                        end("emb_saved"), end("head_saved"))
+                                        end("emb_saved"), end("head_saved"), end("head_kept"),
+                                        self.m[j].reshape(-1, *extra))
         transient = self.ctx.col("transient_bytes")[self.c[j]].reshape(-1, *extra) * rebuilt
         prefetch = self.ctx.col("prefetch_bytes")[self.c[j]].reshape(-1, *extra)
         expert = total("expert")
