@@ -58,6 +58,10 @@ class Ctx:
     an fp32 cast (runtimes.RuntimeRules.eager_norm_bytes; None: fused): cost/step.layer_cost prices
     the traffic, _eager_saved what it keeps (the fp32 copy of its input and its normalised 16-bit
     value, not the 16-bit input)"""
+    eager_rope_bytes: tuple[float, float] | None = None
+    """(forward, backward) HBM bytes per rotated element (of the queries and the keys) where the
+    runtime applies rotary embeddings as eager ops on an fp32 complex view
+    (runtimes.RuntimeRules.eager_rope_bytes; None: fused, ROPE_FUSED_BYTES)"""
     expanded_kv: bool = False
     """K and V are expanded to every query head before the attention kernel
     (runtimes.RuntimeRules.expanded_kv), which then keeps them at the query heads' count"""
@@ -119,9 +123,11 @@ class Work:
     """per GEMM of `gemms`, the share of its forward FLOPs the per-op policy recomputes (op_policy)"""
     model_flops: float
     """forward model FLOPs of the micro-batch, whole layer, not sharded (MFU numerator)"""
-    norm_elements: float = 0.0
-    """elements the layer's two norms normalise per GPU in forward (each moves NORM_FUSED_BYTES
-    of them inside elementwise_bytes: one fused kernel)"""
+    eager_bytes: tuple[float, float] = (0.0, 0.0)
+    """(forward, backward) HBM traffic per GPU of the memory-bound ops the runtime runs as eager
+    PyTorch ops (_eager_traffic): norms, rotary embeddings, SwiGLU, the K and V expansion"""
+    eager_fused_bytes: float = 0.0
+    """the forward traffic elementwise_bytes counts for those same ops (their fused kernels)"""
     quant_elements: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """what an fp8 recipe quantises per GPU (cost/compute.quant_time_s): the forward GEMM inputs no
     norm writes, those a norm writes (a norm kernel can emit them quantised), the output
@@ -130,6 +136,15 @@ class Work:
 
 NORM_FUSED_BYTES = 2 * ACT_BYTES
 """HBM traffic per element of a fused norm kernel's forward: read the input, write the output"""
+ROPE_FUSED_BYTES = 2 * ACT_BYTES
+"""per rotated element (of the queries and the keys), a fused rotary kernel's forward: read, write"""
+SWIGLU_FUSED_BYTES = 3 * ACT_BYTES
+"""per ffn element, a fused SwiGLU's forward: read the gate and the up projection, write the product"""
+EAGER_SWIGLU_BYTES = (10.0, 18.0)
+"""(forward, backward) HBM bytes per ffn element of eager silu(gate) * up in 16 bits: forward silu
+(2 read, 2 written) and the mul (4, 2); backward the mul's two gradients (4, 2 each) and
+silu_backward (4, 2). Counted op by op with PyTorch's dispatcher on CPU in
+tests/test_torch_oracle.py"""
 
 
 def intensity(m: float, n: float, k: float) -> float:
@@ -326,8 +341,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     bias_dropout_add = 2 * (3 * ACT_BYTES + (MASK_BYTES if has_dropout else 0)) * rep
     act_width = (layer.ffn_width + layer.top_k * _imbalance(ctx)
                  * (layer.expert_linears[0].n // (2 if layer.ffn_act == "swiglu" else 1) if layer.experts else 0))
-    act_rw = (3 if layer.ffn_act == "swiglu" else 2) * ACT_BYTES * tokens * act_width / tp
-    rope_rw = 2 * ACT_BYTES * tokens * (q_local + kv_local) * layer.d_qk if layer.rope else 0.0
+    act_rw = (SWIGLU_FUSED_BYTES if layer.ffn_act == "swiglu" else 2 * ACT_BYTES) * tokens * act_width / tp
+    rope_rw = ROPE_FUSED_BYTES * tokens * (q_local + kv_local) * layer.d_qk if layer.rope else 0.0
     softmax_rw = 0.0
     if not ctx.flash:
         softmax_rw = score_elems * (2 * ACT_BYTES + ((2 * ACT_BYTES + MASK_BYTES) if has_dropout else 0))
@@ -335,6 +350,7 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     elementwise = norm_rw + bias_dropout_add + act_rw + rope_rw + permute_rw
 
     saved = _saved(layer, ctx, tokens, rep, q_local, kv_local, score_elems, expert_tokens)
+    eager_fwd, eager_bwd, eager_fused = _eager_traffic(layer, ctx, tokens, rep, q_local, kv_local, act_width / tp)
     # the per-op policy recomputes its uncounted matmuls whole: the experts' grouped GEMMs and the router's
     op_recomputed = op_policy(layer)[0] + (1.0,) * (len(gemms) - len(layer.attn_linears + layer.mlp_linears))
     params_local = _dense_local(layer, tp) + 2 * h * (2 if layer.norm == "layernorm" else 1) + h * layer.experts
@@ -355,8 +371,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         ep_collectives=2 if layer.experts else 0,
         saved=saved, saved_full_recompute=ACT_BYTES * rep,
         params_local=params_local, expert_params_local=expert_local_all,
-        gemm_weight_params=gemm_weights, op_recomputed=op_recomputed, model_flops=model_flops, norm_elements=2 * rep,
-        quant_elements=tuple(quant))
+        gemm_weight_params=gemm_weights, op_recomputed=op_recomputed, model_flops=model_flops,
+        eager_bytes=(eager_fwd, eager_bwd), eager_fused_bytes=eager_fused, quant_elements=tuple(quant))
 
 
 def _lse_bytes(ctx: Ctx, tokens: float, q_local: float) -> float:
@@ -478,6 +494,30 @@ def _eager_saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: flo
     if ctx.expanded_kv:
         extra += ACT_BYTES * tokens * (q_local - kv_local) * (layer.d_qk + layer.d_v)
     return extra
+
+
+def _eager_traffic(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,
+                   act_local: float) -> tuple[float, float, float]:
+    """(forward bytes, backward bytes, the forward bytes elementwise_bytes counts for the same ops)
+    of what a runtime runs as eager PyTorch ops, per GPU: RMSNorm (Ctx.eager_norm_bytes per
+    normalised element, both norms: `rep` each), rotary embeddings (Ctx.eager_rope_bytes per
+    element of the local queries and keys), SwiGLU (EAGER_SWIGLU_BYTES per local ffn element,
+    `act_local`, dense and expert), and K and V expanded to the query heads (a copy that reads the
+    KV heads and writes the query heads, forward; the gradient's sum back, backward: ACT_BYTES
+    for each element of both, each way). The fused kernels count nothing for the expansion."""
+    fwd = bwd = fused = 0.0
+    if ctx.eager_norm_bytes and layer.norm == "rmsnorm":
+        fwd, bwd, fused = (x * 2 * rep for x in (*ctx.eager_norm_bytes, NORM_FUSED_BYTES))
+    if ctx.eager_rope_bytes and layer.rope:
+        rotated = tokens * (q_local + kv_local) * layer.d_qk
+        fwd, bwd, fused = (a + x * rotated for a, x in zip((fwd, bwd, fused), (*ctx.eager_rope_bytes, ROPE_FUSED_BYTES)))
+    if ctx.eager_swiglu and layer.ffn_act == "swiglu":
+        fwd, bwd, fused = (a + x * tokens * act_local
+                           for a, x in zip((fwd, bwd, fused), (*EAGER_SWIGLU_BYTES, SWIGLU_FUSED_BYTES)))
+    if ctx.expanded_kv and q_local > kv_local:
+        copy = ACT_BYTES * tokens * (q_local + kv_local) * (layer.d_qk + layer.d_v)
+        fwd, bwd = fwd + copy, bwd + copy
+    return fwd, bwd, fused
 
 
 def _explicit_work(layer: Layer, ctx: Ctx) -> Work:

@@ -164,22 +164,32 @@ class RuntimeRules:
     """HBM bytes per element of each RMSNorm, forward and backward, where the runtime runs it as
     eager PyTorch ops rather than one fused kernel (graph.NORM_FUSED_BYTES forward, as much
     backward); None: fused. Counted op by op with PyTorch's dispatcher on CPU in
-    tests/test_torch_oracle.py: 36 and 96 for torchtitan's own eager RMSNorm of late 2024 (a
+    tests/test_torch_oracle.py: 36 and 92 for torchtitan's own eager RMSNorm of late 2024 (a
     float cast, pow, mean, rsqrt, two multiplies and the cast back, bf16 in and out). Megatron's
     and DeepSpeed's norms are Transformer Engine's and Apex's fused kernels; torchtitan's April
     2024 configs chose its Triton fused_rmsnorm, and 0.3's nn.RMSNorm dispatches to PyTorch's
     fused CUDA kernel (native_functions.yaml: _fused_rms_norm, CUDA: _fused_rms_norm_cuda)"""
+    eager_rope_bytes: tuple[float, float] | None = None
+    """HBM bytes per rotated element (of the queries and the keys), forward and backward, where the
+    runtime applies rotary embeddings as eager PyTorch ops rather than one fused kernel
+    (graph.ROPE_FUSED_BYTES each way); None: fused. Counted op by op with PyTorch's dispatcher on
+    CPU in tests/test_torch_oracle.py: 20 and 20 for torchtitan's complex RoPE (a float cast, the
+    complex multiply, the cast back; backward the same three on the gradient): 0.3.0
+    models/common/rope.py ComplexRoPE.apply_rotary_emb, the same arithmetic in 1ea476e9f's and
+    9dec370's models/llama/model.py apply_rotary_emb; under torch.compile it fuses"""
     eager_swiglu: bool = False
     """its SwiGLU runs as eager silu and mul, whose backward keeps silu's output beside both GEMM
     outputs (graph._eager_saved: 2 bytes more a ffn element), where a fused kernel keeps its input
     alone (Megatron's bias_swiglu, Transformer Engine's): torchtitan's FeedForward
     w2(F.silu(w1(x)) * w3(x)) and GroupedExperts (0.3.0 models/common/feed_forward.py and moe.py;
     0.2.2 and 9dec370 llama model.py) without torch.compile, which its exports leave off; nanotron
-    v0.4's GLUActivation (models/llama.py: SiLUActivation(gate) * up)"""
+    v0.4's GLUActivation (models/llama.py: SiLUActivation(gate) * up). Its traffic is
+    graph.EAGER_SWIGLU_BYTES"""
     expanded_kv: bool = False
     """its attention expands K and V to every query head before the kernel, which keeps them so
-    (graph._eager_saved): torchtitan 9dec370's repeat_kv (models/llama/model.py); since 0.2 it
-    passes enable_gqa to SDPA and keeps them at the KV heads"""
+    (graph._eager_saved) and copies them there and back (graph._eager_traffic): torchtitan
+    1ea476e9f's and 9dec370's repeat_kv (models/llama/model.py); since 0.2 it passes enable_gqa to
+    SDPA and keeps them at the KV heads"""
     zero_with_experts: tuple[int, ...] = (0, 1, 2, 3)
     """the ZeRO stages it runs a model with experts in (zeros)"""
     fp8_saves_quantised: bool = False
@@ -355,7 +365,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                # _LossParallelCrossEntropy (components/loss.py), measured at 16 bytes
                                # a logit on CPU like 0.2's DTensor loss_parallel (tests/test_torch_oracle.py)
                                loss_parallel_bytes_per_logit=16.0,
-                               eager_swiglu=True,
+                               eager_swiglu=True, eager_rope_bytes=(20.0, 20.0),
                                loss_traffic_per_logit=TORCH_LOSS_RW_BYTES,
                                # module_fqns_per_model_part: each stage's own layers (torchtitan 0.3.0
                                # config/configs.py ParallelismConfig; 0.2.x job_config.Parallelism)
@@ -377,17 +387,25 @@ RUNTIME_RULES["torchtitan@0.2"] = replace(
     note="torchtitan 0.2.x (0.2.0, 0.2.2): the space of 0.3, its job written as the TOML config 0.3 no longer reads; "
          "under tp its loss runs in torch's DTensor loss_parallel (v0.2.2 train.py: loss_parallel_enabled = "
          "tp_enabled and not disable_loss_parallel; components/loss.py: cross_entropy of the fp32 cast)")
+RUNTIME_RULES["torchtitan@2024-04"] = replace(
+    RUNTIME_RULES["torchtitan"], expanded_kv=True,
+    note="torchtitan of April 2024 (1ea476e9f, the configs of docs/performance.md then): no torch.compile, no "
+         "float8; Triton fused_rmsnorm (train_configs norm_type), eager complex RoPE and SwiGLU, K and V expanded "
+         "by repeat_kv before SDPA (models/llama/model.py), the loss on the fp32 logits")
 RUNTIME_RULES["torchtitan@2024-12-compiled"] = replace(
-    RUNTIME_RULES["torchtitan"], eager_swiglu=False, pp_keeps_outputs=True,
+    RUNTIME_RULES["torchtitan"], eager_swiglu=False, eager_rope_bytes=None, pp_keeps_outputs=True,
     note="torchtitan of December 2024 (9dec370, the configs of docs/performance.md at d4c86e375) with "
-         "torch.compile of its TransformerBlocks (the norms fused; the loss not compiled) and, under tp, torch's "
+         "torch.compile of its TransformerBlocks (the norms, rotary embeddings and SwiGLU fused; the loss not "
+         "compiled) and, under tp, torch's "
          "DTensor loss_parallel (parallel_dims.loss_parallel_enabled: tp > 1 unless disable_loss_parallel)")
 RUNTIME_RULES["torchtitan@2024-12"] = replace(
-    RUNTIME_RULES["torchtitan@2024-12-compiled"], eager_norm_bytes=(36.0, 96.0), eager_swiglu=True, expanded_kv=True,
+    RUNTIME_RULES["torchtitan@2024-12-compiled"], eager_norm_bytes=(36.0, 92.0), eager_swiglu=True, expanded_kv=True,
+    eager_rope_bytes=RUNTIME_RULES["torchtitan"].eager_rope_bytes,
     note="torchtitan of December 2024 without torch.compile (9dec370, the configs of docs/performance.md at "
          "d4c86e375: norm_type 'rmsnorm', torchtitan/models/norms.py's eager RMSNorm; loss_parallel under tp)")
 RUNTIME_RULES["torchtitan@compile"] = replace(
     RUNTIME_RULES["torchtitan"], loss_bytes_per_logit=4.0, loss_parallel_bytes_per_logit=None, eager_swiglu=False,
+    eager_rope_bytes=None,
     note="torchtitan with torch.compile of the model and the loss (training.compile from mid-2025, "
          "components/loss.py build_cross_entropy_loss; before, its train.py compiled no loss)")
 RUNTIME_RULES["megatron@2022"] = RuntimeRules(

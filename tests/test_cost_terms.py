@@ -641,28 +641,58 @@ def test_folded_experts_are_laid_out_over_tp_and_refused_where_no_runtime_folds(
         TrainingSetup(gpus=8, global_batch=64, seq_len=4096, runtime="deepspeed", moe_folding=True)
 
 
-def test_an_eager_rmsnorm_adds_its_extra_bytes_as_memory_time_and_a_layernorm_none():
-    """runtimes.RuntimeRules.eager_norm_bytes: the difference from the fused kernel's bytes, each
-    way, over the layer's normalised elements (two norms of tokens x hidden), at the GPU's
-    memory-bound rate; recomputing the layer repeats the forward's share."""
+@pytest.mark.parametrize("knob, fused, elements", [
+    ("eager_norm_bytes", "NORM_FUSED_BYTES", 2 * 2 * 8192 * 4096),  # two norms of tokens x hidden
+    ("eager_rope_bytes", "ROPE_FUSED_BYTES", 2 * 8192 * (32 + 8) * 128),  # the queries' and keys' heads
+])
+def test_an_eager_op_adds_its_extra_bytes_as_memory_time(knob, fused, elements):
+    """runtimes.RuntimeRules.eager_norm_bytes and eager_rope_bytes: the difference from the fused
+    kernel's bytes, each way, over the elements the op touches, at the GPU's memory-bound rate;
+    recomputing the layer repeats the forward's share."""
+    from planner import graph
     from planner.cost.compute import memory_time_s
-    from planner.graph import NORM_FUSED_BYTES, layer_work
 
     cluster, one = load_cluster("dgx-h100"), Span(1, 1, 1)
     layer = build_layers(load_model("llama3-8b"))[0]
     ctx = Ctx(micro_batch=2, seq_len=8192, tp=1, recompute="full")
-    fused = layer_cost(layer, ctx, cluster, "bf16", one, one, one, "cudnn")
-    eager = layer_cost(layer, replace(ctx, eager_norm_bytes=(36.0, 96.0)), cluster, "bf16", one, one, one, "cudnn")
-    elements = layer_work(layer, ctx).norm_elements
-    assert elements == 2 * 2 * 8192 * 4096
-    assert eager.fwd - fused.fwd == pytest.approx(memory_time_s((36 - NORM_FUSED_BYTES) * elements, cluster.gpu,
-                                                                cluster.efficiency))
-    assert eager.bwd - fused.bwd == pytest.approx(memory_time_s((96 - NORM_FUSED_BYTES) * elements, cluster.gpu,
-                                                                cluster.efficiency))
-    assert eager.recompute - fused.recompute == pytest.approx(eager.fwd - fused.fwd)
-    gpt = build_layers(load_model("gpt3-175b"))[0]  # a LayerNorm: torch's native layer_norm is one kernel
-    assert layer_cost(gpt, replace(ctx, eager_norm_bytes=(36.0, 96.0)), cluster, "bf16", one, one, one, "cudnn") == \
-        layer_cost(gpt, ctx, cluster, "bf16", one, one, one, "cudnn")
+    base = layer_cost(layer, ctx, cluster, "bf16", one, one, one, "cudnn")
+    eager = layer_cost(layer, replace(ctx, **{knob: (36.0, 96.0)}), cluster, "bf16", one, one, one, "cudnn")
+    extra = [memory_time_s((b - getattr(graph, fused)) * elements, cluster.gpu, cluster.efficiency) for b in (36, 96)]
+    assert (eager.fwd - base.fwd, eager.bwd - base.bwd) == pytest.approx(extra)
+    assert eager.recompute - base.recompute == pytest.approx(eager.fwd - base.fwd)
+
+
+def test_eager_swiglu_and_expanded_kv_add_their_traffic_and_the_eager_ops_add_up():
+    """Eager SwiGLU moves graph.EAGER_SWIGLU_BYTES per ffn element in place of the fused kernel's;
+    expanding K and V copies the KV heads to the query heads forward and sums them back backward;
+    all four eager ops together cost the sum of each alone; a LayerNorm (one kernel in torch)
+    and an MHA layer (nothing to expand) add nothing."""
+    from planner import graph
+    from planner.cost.compute import memory_time_s
+
+    cluster, one = load_cluster("dgx-h100"), Span(1, 1, 1)
+    layer = build_layers(load_model("llama3-8b"))[0]
+    ctx = Ctx(micro_batch=2, seq_len=8192, tp=1)
+    tokens = 2 * 8192
+
+    def cost(c, lay=layer):
+        return layer_cost(lay, c, cluster, "bf16", one, one, one, "cudnn")
+
+    def extra(c, lay=layer):
+        e, b = cost(c, lay), cost(ctx, lay)
+        return e.fwd - b.fwd, e.bwd - b.bwd
+
+    rate = lambda n: memory_time_s(n, cluster.gpu, cluster.efficiency)  # noqa: E731
+    fwd, bwd = graph.EAGER_SWIGLU_BYTES
+    assert extra(replace(ctx, eager_swiglu=True)) == pytest.approx(
+        (rate((fwd - graph.SWIGLU_FUSED_BYTES) * tokens * 14336), rate((bwd - graph.SWIGLU_FUSED_BYTES) * tokens * 14336)))
+    copy = rate(graph.ACT_BYTES * tokens * (32 + 8) * (128 + 128))
+    assert extra(replace(ctx, expanded_kv=True)) == pytest.approx((copy, copy))
+    knobs = dict(eager_norm_bytes=(36.0, 96.0), eager_rope_bytes=(20.0, 20.0), eager_swiglu=True, expanded_kv=True)
+    alone = [extra(replace(ctx, **{k: v})) for k, v in knobs.items()]
+    assert extra(replace(ctx, **knobs)) == pytest.approx(tuple(map(sum, zip(*alone))))
+    gpt = build_layers(load_model("gpt3-175b"))[0]  # LayerNorm, GeLU, learned positions, MHA
+    assert extra(replace(ctx, **knobs), gpt) == (0.0, 0.0)
 
 
 def test_an_overlapped_interleaved_pipeline_shows_its_sends_only_in_the_fill_and_drain():

@@ -578,19 +578,25 @@ class _TorchtitanEagerRMSNorm(torch.nn.Module):
 
 
 def _bytes_moved_per_element(fn, numel: int) -> float:
-    """Bytes every non-view aten op reads and writes while `fn` runs (its tensor arguments and
-    results), per element of the normalised input."""
+    """Bytes every aten op that copies reads and writes while `fn` runs (its tensor arguments and
+    results; a broadcast view at the size of what it views; an op that returns an argument's
+    storage without writing it, such as _unsafe_view, moves nothing), per element of `numel`."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
+
+    def size(t):
+        return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
 
     class Count(TorchDispatchMode):
         total = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if not func.is_view:
-                tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
-                Count.total += sum(t.numel() * t.element_size() for t in tensors)
+            ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            aliases = {t.untyped_storage().data_ptr() for t in ins} & {t.untyped_storage().data_ptr() for t in outs}
+            if not func.is_view and not (aliases and not func._schema.is_mutable):
+                Count.total += sum(size(t) for t in ins + outs)
             return out
 
     with Count():
@@ -614,6 +620,67 @@ def test_torchtitans_eager_rmsnorm_moves_its_records_bytes():
     assert NORM_FUSED_BYTES == x.element_size() * 2
     for name in ("torchtitan", "megatron", "deepspeed", "nanotron", "torchtitan@compile"):
         assert RUNTIME_RULES[name].eager_norm_bytes is None
+
+
+def _torchtitan_complex_rope(xq, xk, freqs_cis):
+    """torchtitan's apply_rotary_emb (0.3.0 models/common/rope.py ComplexRoPE; 1ea476e9f and
+    9dec370 models/llama/model.py), verbatim in its arithmetic; the cache shaped for broadcast."""
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+    xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+def test_torchtitans_complex_rope_moves_its_records_bytes():
+    """20 bytes a rotated element each way (the cache, read once an op, adds 4 / heads: 0.1 here)."""
+    from planner.runtimes import RUNTIME_RULES
+
+    b, s, heads, kv, d = 2, 512, 64, 16, 128
+    xq = torch.randn(b, s, heads, d, dtype=torch.bfloat16, requires_grad=True)
+    xk = torch.randn(b, s, kv, d, dtype=torch.bfloat16, requires_grad=True)
+    angles = torch.outer(torch.arange(s).float(), 1.0 / 500000.0 ** (torch.arange(0, d, 2).float() / d))
+    cache = torch.polar(torch.ones_like(angles), angles)
+    out = []
+    rotated = xq.numel() + xk.numel()
+    fwd = _bytes_moved_per_element(lambda: out.append(_torchtitan_complex_rope(xq, xk, cache)), rotated)
+    grads = tuple(torch.randn_like(t) for t in out[0])
+    bwd = _bytes_moved_per_element(lambda: torch.autograd.backward(out[0], grads), rotated)
+    assert (fwd, bwd) == pytest.approx(RUNTIME_RULES["torchtitan"].eager_rope_bytes, abs=0.25)
+    for name in ("torchtitan@0.2", "torchtitan@2024-04", "torchtitan@2024-12"):
+        assert RUNTIME_RULES[name].eager_rope_bytes == RUNTIME_RULES["torchtitan"].eager_rope_bytes
+    for name in ("torchtitan@compile", "torchtitan@2024-12-compiled", "megatron", "deepspeed", "nanotron"):
+        assert RUNTIME_RULES[name].eager_rope_bytes is None
+
+
+def test_eager_swiglu_moves_the_graphs_bytes():
+    """torchtitan's and nanotron's silu(gate) * up, forward and backward, per ffn element."""
+    from planner.graph import EAGER_SWIGLU_BYTES
+
+    gate = torch.randn(1024, 688, dtype=torch.bfloat16, requires_grad=True)
+    up = torch.randn(1024, 688, dtype=torch.bfloat16, requires_grad=True)
+    out = []
+    fwd = _bytes_moved_per_element(lambda: out.append(F.silu(gate) * up), gate.numel())
+    grad = torch.randn_like(out[0])
+    bwd = _bytes_moved_per_element(lambda: out[0].backward(grad), gate.numel())
+    assert (fwd, bwd) == pytest.approx(EAGER_SWIGLU_BYTES)
+
+
+def test_repeat_kv_moves_what_the_graph_counts():
+    """9dec370's repeat_kv (unsqueeze, expand, reshape: one copy) forward and the sum of the
+    gradient back to the KV heads backward, for K: ACT_BYTES for each element of both, each way
+    (graph._eager_traffic)."""
+    from planner.graph import ACT_BYTES
+
+    b, s, kv, rep, d = 2, 256, 2, 4, 128
+    k = torch.randn(b, s, kv, d, dtype=torch.bfloat16, requires_grad=True)
+    out = []
+    fwd = _bytes_moved_per_element(lambda: out.append(k.unsqueeze(3).expand(b, s, kv, rep, d).reshape(b, s, kv * rep, d)),
+                                   b * s)
+    grad = torch.randn_like(out[0])
+    bwd = _bytes_moved_per_element(lambda: out[0].backward(grad), b * s)
+    assert fwd == bwd == ACT_BYTES * (kv * rep + kv) * d
 
 
 def test_torchs_loss_parallel_peaks_at_the_2024_torchtitan_records_bytes_per_logit(tmp_path):

@@ -24,7 +24,6 @@ from planner.graph import (
     LOGIT_RW_BYTES,
     LOGIT_SAVED_BYTES,
     LOSSES,
-    NORM_FUSED_BYTES,
     Ctx,
     Layer,
     build_layers,
@@ -175,9 +174,10 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     the SMs the communication kernels left. Priced as if every pass had a partner: a pipeline's
     warm-up and cool-down passes have none, so this is optimistic by at most their share.
 
-    `ctx.eager_norm_bytes` (runtimes.RuntimeRules.eager_norm_bytes: a runtime that runs RMSNorm as
-    eager PyTorch ops): (forward, backward) bytes per normalised element in place of the fused
-    kernel's NORM_FUSED_BYTES each way, their difference priced as memory-bound time.
+    What the runtime runs as eager PyTorch ops (graph._eager_traffic: its norms, rotary
+    embeddings, SwiGLU, K and V expansion, from its record) moves Work.eager_bytes in place of the
+    fused kernels' Work.eager_fused_bytes (ELEMENTWISE_BWD_FACTOR times that backward): the
+    difference is priced as memory-bound time.
 
     `quant` (fp8 runs: compute.fp8_quant_bytes of the setup's recipe): the bytes per element its
     quantisation kernels move, priced as memory-bound time (compute.quant_time_s) beside the
@@ -190,13 +190,11 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
     attn, attn_bwd = attention_core_s(layer, ctx, w, cluster, precision, kernel)
     mem = compute.memory_time_s(w.elementwise_bytes, gpu, eff)
     core_mem = compute.memory_time_s(w.core_elementwise_bytes, gpu, eff)
-    norm_fwd = norm_bwd = 0.0
-    if ctx.eager_norm_bytes and layer.norm == "rmsnorm":
-        norm_fwd, norm_bwd = (compute.memory_time_s((b - f) * w.norm_elements, gpu, eff)
-                              for b, f in zip(ctx.eager_norm_bytes, (NORM_FUSED_BYTES, ELEMENTWISE_BWD_FACTOR * NORM_FUSED_BYTES)))
+    eager_fwd, eager_bwd = (compute.memory_time_s(b - f * w.eager_fused_bytes, gpu, eff)
+                            for b, f in zip(w.eager_bytes, (1.0, ELEMENTWISE_BWD_FACTOR)))
     quant_fwd, quant_bwd = compute.quant_time_s(w.quant_elements, quant, gpu, eff)
-    fwd = gemm_fwd + attn + mem + core_mem + norm_fwd + quant_fwd
-    bwd = 2 * gemm + attn_bwd + ELEMENTWISE_BWD_FACTOR * (mem + core_mem) + norm_bwd + quant_bwd
+    fwd = gemm_fwd + attn + mem + core_mem + eager_fwd + quant_fwd
+    bwd = 2 * gemm + attn_bwd + ELEMENTWISE_BWD_FACTOR * (mem + core_mem) + eager_bwd + quant_bwd
     tp_one = w.tp_collectives * comm.collective_time_s("all_reduce", w.tp_message_bytes, tp_span, cluster)
     if isinstance(eff, LegacyEfficiency):
         tp_one -= min(eff.tp_overlap_fraction * tp_one, gemm_fwd)
@@ -218,7 +216,7 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
         # the matmuls the policy does not save, every memory-bound op, and the tp collectives
         # whose outputs it does not keep: the all-gathers under sequence parallelism (half a pair's
         # all-reduce time), the all-reduces without
-        recompute = (sum(share * t for share, t in zip(w.op_recomputed, gemms_fwd)) + mem + core_mem + norm_fwd
+        recompute = (sum(share * t for share, t in zip(w.op_recomputed, gemms_fwd)) + mem + core_mem + eager_fwd
                      + quant_fwd + (tp_one / 2 if ctx.sp else tp_one))
     else:
         recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]
@@ -419,6 +417,7 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
                flash=setup.attention == "flash", dropout=model.dropout, folded=setup.expert_tp(tp, model) < tp,
                quantised_inputs=setup.precision == "fp8" and rules.fp8_saves_quantised,
                eager_swiglu=rules.eager_swiglu, eager_norm_bytes=rules.eager_norm_bytes,
+               eager_rope_bytes=rules.eager_rope_bytes,
                expanded_kv=rules.expanded_kv, moe_imbalance=setup.moe_imbalance if model.moe is not None else 1.0)
 
 
