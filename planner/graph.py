@@ -52,11 +52,12 @@ class Ctx:
     .fp8_saves_quantised under fp8), not in 16 bits"""
     eager_swiglu: bool = False
     """SwiGLU runs as eager silu and mul (runtimes.RuntimeRules.eager_swiglu): the mul keeps silu's
-    output for its backward, beside both GEMM outputs"""
+    output for its backward, beside both GEMM outputs (_eager_saved), and each op moves its own
+    bytes (EAGER_SWIGLU_BYTES, _eager_traffic)"""
     eager_norm_bytes: tuple[float, float] | None = None
     """(forward, backward) HBM bytes per element of RMSNorm where the runtime runs it as eager ops on
-    an fp32 cast (runtimes.RuntimeRules.eager_norm_bytes; None: fused): cost/step.layer_cost prices
-    the traffic, _eager_saved what it keeps (the fp32 copy of its input and its normalised 16-bit
+    an fp32 cast (runtimes.RuntimeRules.eager_norm_bytes; None: fused): _eager_traffic counts the
+    traffic, _eager_saved what it keeps (the fp32 copy of its input and its normalised 16-bit
     value, not the 16-bit input)"""
     eager_rope_bytes: tuple[float, float] | None = None
     """(forward, backward) HBM bytes per rotated element (of the queries and the keys) where the
