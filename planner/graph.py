@@ -338,12 +338,15 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     score_elems = b * q_local * (s / cp) * kv_len
 
     # Memory-bound ops (bytes read + written, forward).
-    norm_rw = 2 * NORM_FUSED_BYTES * rep
+    norm_elems = 2 * rep  # the layer's two norms
+    norm_rw = NORM_FUSED_BYTES * norm_elems
     bias_dropout_add = 2 * (3 * ACT_BYTES + (MASK_BYTES if has_dropout else 0)) * rep
     act_width = (layer.ffn_width + layer.top_k * _imbalance(ctx)
                  * (layer.expert_linears[0].n // (2 if layer.ffn_act == "swiglu" else 1) if layer.experts else 0))
-    act_rw = (SWIGLU_FUSED_BYTES if layer.ffn_act == "swiglu" else 2 * ACT_BYTES) * tokens * act_width / tp
-    rope_rw = ROPE_FUSED_BYTES * tokens * (q_local + kv_local) * layer.d_qk if layer.rope else 0.0
+    act_elems = tokens * act_width / tp
+    act_rw = (SWIGLU_FUSED_BYTES if layer.ffn_act == "swiglu" else 2 * ACT_BYTES) * act_elems
+    rotated = tokens * (q_local + kv_local) * layer.d_qk if layer.rope else 0.0  # the local queries and keys
+    rope_rw = ROPE_FUSED_BYTES * rotated
     softmax_rw = 0.0
     if not ctx.flash:
         softmax_rw = score_elems * (2 * ACT_BYTES + ((2 * ACT_BYTES + MASK_BYTES) if has_dropout else 0))
@@ -351,7 +354,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     elementwise = norm_rw + bias_dropout_add + act_rw + rope_rw + permute_rw
 
     saved = _saved(layer, ctx, tokens, rep, q_local, kv_local, score_elems, expert_tokens)
-    eager_fwd, eager_bwd, eager_fused = _eager_traffic(layer, ctx, tokens, rep, q_local, kv_local, act_width / tp)
+    expanded = tokens * (q_local + kv_local) * (layer.d_qk + layer.d_v) if q_local > kv_local else 0.0
+    eager_fwd, eager_bwd, eager_fused = _eager_traffic(layer, ctx, norm_elems, rotated, act_elems, expanded)
     # the per-op policy recomputes its uncounted matmuls whole: the experts' grouped GEMMs and the router's
     op_recomputed = op_policy(layer)[0] + (1.0,) * (len(gemms) - len(layer.attn_linears + layer.mlp_linears))
     params_local = _dense_local(layer, tp) + 2 * h * (2 if layer.norm == "layernorm" else 1) + h * layer.experts
@@ -497,28 +501,25 @@ def _eager_saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: flo
     return extra
 
 
-def _eager_traffic(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,
-                   act_local: float) -> tuple[float, float, float]:
+def _eager_traffic(layer: Layer, ctx: Ctx, norm_elems: float, rotated: float, act_elems: float,
+                   expanded: float) -> tuple[float, float, float]:
     """(forward bytes, backward bytes, the forward bytes elementwise_bytes counts for the same ops)
-    of what a runtime runs as eager PyTorch ops, per GPU: RMSNorm (Ctx.eager_norm_bytes per
-    normalised element, both norms: `rep` each), rotary embeddings (Ctx.eager_rope_bytes per
-    element of the local queries and keys), SwiGLU (EAGER_SWIGLU_BYTES per local ffn element,
-    `act_local`, dense and expert), and K and V expanded to the query heads (a copy that reads the
-    KV heads and writes the query heads, forward; the gradient's sum back, backward: ACT_BYTES
-    for each element of both, each way). The fused kernels count nothing for the expansion."""
-    fwd = bwd = fused = 0.0
+    of what a runtime runs as eager PyTorch ops, per GPU, over the elements layer_work counts its
+    fused kernels on: RMSNorm (Ctx.eager_norm_bytes per normalised element), rotary embeddings
+    (Ctx.eager_rope_bytes per rotated element), SwiGLU (EAGER_SWIGLU_BYTES per ffn element, dense
+    and expert), and K and V expanded to the query heads (`expanded`: the elements of both K and
+    V at the KV heads and at the query heads; a copy reads the one and writes the other forward,
+    the gradient's sum back does the reverse: ACT_BYTES each, each way; no fused kernel has it)."""
+    ops = []
     if ctx.eager_norm_bytes and layer.norm == "rmsnorm":
-        fwd, bwd, fused = (x * 2 * rep for x in (*ctx.eager_norm_bytes, NORM_FUSED_BYTES))
-    if ctx.eager_rope_bytes and layer.rope:
-        rotated = tokens * (q_local + kv_local) * layer.d_qk
-        fwd, bwd, fused = (a + x * rotated for a, x in zip((fwd, bwd, fused), (*ctx.eager_rope_bytes, ROPE_FUSED_BYTES)))
+        ops.append((*ctx.eager_norm_bytes, NORM_FUSED_BYTES, norm_elems))
+    if ctx.eager_rope_bytes:
+        ops.append((*ctx.eager_rope_bytes, ROPE_FUSED_BYTES, rotated))
     if ctx.eager_swiglu and layer.ffn_act == "swiglu":
-        fwd, bwd, fused = (a + x * tokens * act_local
-                           for a, x in zip((fwd, bwd, fused), (*EAGER_SWIGLU_BYTES, SWIGLU_FUSED_BYTES)))
-    if ctx.expanded_kv and q_local > kv_local:
-        copy = ACT_BYTES * tokens * (q_local + kv_local) * (layer.d_qk + layer.d_v)
-        fwd, bwd = fwd + copy, bwd + copy
-    return fwd, bwd, fused
+        ops.append((*EAGER_SWIGLU_BYTES, SWIGLU_FUSED_BYTES, act_elems))
+    if ctx.expanded_kv:
+        ops.append((ACT_BYTES, ACT_BYTES, 0.0, expanded))
+    return tuple(sum(op[k] * op[3] for op in ops) for k in range(3))
 
 
 def _explicit_work(layer: Layer, ctx: Ctx) -> Work:
