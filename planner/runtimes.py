@@ -413,6 +413,18 @@ RUNTIME_RULES["megatron@2022"] = RuntimeRules(
     "Megatron-LM of 2021-22 (the SC21 and Korthikanti et al. runs): no TP comm overlap, gradients all-reduced "
     "after backward (dp_overlap false), no fused attention, no fp8 (Transformer Engine came in 2023)",
     precisions=("bf16", "fp16"))
+RUNTIME_RULES["megatron@2021"] = replace(
+    RUNTIME_RULES["megatron@2022"],
+    note="Megatron-LM of April 2021 (the SC21 runs; a8d172b31e, examples/pretrain_gpt3_175B.sh: --fp16, the local "
+         "DistributedDataParallel without contiguous buffers, its default until e8fb052f81 of 2021-08-18): before "
+         "gradient accumulation fusion (83b1e42f3, merged 2022-02-22), so autograd adds each micro-batch's "
+         "gradients into the 16-bit .grad")
+RUNTIME_RULES["deepspeed@2021"] = replace(
+    RUNTIME_RULES["deepspeed"],
+    note="DeepSpeed of 2021 as Megatron-DeepSpeed ran MT-NLG 530B in bf16 with its pipeline engine, before the "
+         "public bf16 pipeline path (BF16_Optimizer with the pipeline engine: microsoft/DeepSpeed 56c522386, #1801, "
+         "2022-04-19; public bf16 began with ZeRO-2's, 648f7bfa5, 2021-11-01): how it accumulated gradients "
+         "is not published")
 RUNTIME_RULES["nanotron"] = RuntimeRules(
     (0, 1), (0, 1), False, False, "none", "all", False, False,
     "nanotron 0.4 (export/nanotron.py): zero_stage 0 or 1, 1F1B without interleaving, no context parallelism, "
