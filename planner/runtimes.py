@@ -228,6 +228,22 @@ class RuntimeRules:
     groups of dp_shard data-parallel ranks, replicated across them): megatron ZeRO-1 with
     --num-distributed-optimizer-instances; torchtitan FSDP2 (ZeRO-3) with data_parallel_replicate
     x data_parallel_shard. The search does not enumerate dp_shard; estimate prices it"""
+    grad_accum_bytes: tuple[tuple[str, float], ...] = ()
+    """HBM bytes per local parameter that each micro-batch's backward moves to accumulate the
+    gradients outside the weight-gradient GEMMs, per precision (grad_accum_bytes_of), where the
+    gradients stay whole on every rank (ZeRO <= 1); () where nothing does: Megatron-LM since
+    gradient accumulation fusion (NVIDIA/Megatron-LM 83b1e42f3, merged 2022-02-22, on by
+    default: the weight-gradient GEMM adds into main_grad), FSDP's sharded gradients (a
+    1/shards share, left out). Counted with PyTorch's dispatcher on CPU in
+    tests/test_torch_oracle.py: 18 for DeepSpeed's BF16_Optimizer, whose pipeline engine calls
+    update_hp_grads after every micro-batch's backward (hp_grad.add_(lp.grad.to(fp32)): a cast,
+    then an fp32 add; microsoft/DeepSpeed 56c522386, #1801 2022-04-19, unchanged at 38327e07f);
+    6 for autograd's in-place add into a 16-bit .grad (Megatron-LM of April 2021). Priced as
+    memory-bound time on every micro-batch (cost/step.stage_terms), the first included, which
+    autograd's steals: one pass a step too many there. Not priced for nanotron: its
+    FP32GradientAccumulator (v0.4 optim/gradient_accumulator.py, fp32_grad.add_(half_param.grad),
+    10 bytes) runs where the optimizer config's accumulate_grad_in_fp32 says, a key the export
+    leaves to the user"""
     ep_overlap: bool = False
     """can overlap the expert all-to-alls of one micro-batch with the computation of another
     (Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm; priced by
@@ -238,6 +254,12 @@ class RuntimeRules:
         if tp > 1 and self.loss_parallel_bytes_per_logit is not None:
             return self.loss_parallel_bytes_per_logit
         return self.loss_bytes_per_logit
+
+    def grad_accum_bytes_of(self, precision: str, zero: int) -> float:
+        """grad_accum_bytes for a run in `precision` whose priced ZeRO stage is `zero`: 0 above
+        ZeRO-1 (the gradients are reduce-scattered and accumulate as shards) or where the record
+        names no figure for the precision."""
+        return dict(self.grad_accum_bytes).get(precision, 0.0) if zero <= 1 else 0.0
 
     def priced_zero(self, zero, pp):
         """The ZeRO stage whose traffic and memory a plan's `zero` has under this runtime with
@@ -352,7 +374,14 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                               # max out of place and keeps exp as the softmax: its own code on CPU (one gloo
                               # rank) holds 10.02 bytes a logit at its peak, where megatron-core's in-place
                               # one holds 6
-                              loss_bytes_per_logit=10.0),
+                              loss_bytes_per_logit=10.0,
+                              # bf16 without ZeRO runs BF16_Optimizer (38327e07f engine.py get_data_types:
+                              # fp32 accumulation by default when ZeRO is off; _do_optimizer_sanity_check), which
+                              # shards its fp32 states as ZeRO-1 does (BLOOM's ZERO_STAGE=0, its row's zero 1).
+                              # Priced at zero 1 too: a stage-1 config runs it only with data_types
+                              # grad_accum_dtype fp32, which the export does not write (its default bf16
+                              # accumulation runs the ZeRO optimizer, unpriced here)
+                              grad_accum_bytes=(("bf16", 18.0),)),
     "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", "all", True, True,
                                "torchtitan 0.3.0 (0.2.x: torchtitan@0.2): FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
@@ -414,13 +443,13 @@ RUNTIME_RULES["megatron@2022"] = RuntimeRules(
     "after backward (dp_overlap false), no fused attention, no fp8 (Transformer Engine came in 2023)",
     precisions=("bf16", "fp16"))
 RUNTIME_RULES["megatron@2021"] = replace(
-    RUNTIME_RULES["megatron@2022"],
+    RUNTIME_RULES["megatron@2022"], grad_accum_bytes=(("fp16", 6.0), ("bf16", 6.0)),
     note="Megatron-LM of April 2021 (the SC21 runs; a8d172b31e, examples/pretrain_gpt3_175B.sh: --fp16, the local "
          "DistributedDataParallel without contiguous buffers, its default until e8fb052f81 of 2021-08-18): before "
          "gradient accumulation fusion (83b1e42f3, merged 2022-02-22), so autograd adds each micro-batch's "
          "gradients into the 16-bit .grad")
 RUNTIME_RULES["deepspeed@2021"] = replace(
-    RUNTIME_RULES["deepspeed"],
+    RUNTIME_RULES["deepspeed"], grad_accum_bytes=(),
     note="DeepSpeed of 2021 as Megatron-DeepSpeed ran MT-NLG 530B in bf16 with its pipeline engine, before the "
          "public bf16 pipeline path (BF16_Optimizer with the pipeline engine: microsoft/DeepSpeed 56c522386, #1801, "
          "2022-04-19; public bf16 began with ZeRO-2's, 648f7bfa5, 2021-11-01): how it accumulated gradients "

@@ -793,3 +793,36 @@ def test_the_last_stage_keeps_every_micro_batchs_logits_where_the_runtime_does(m
     alone = [estimate(model, cluster, TrainingSetup(gpus=16, global_batch=64, seq_len=4096, runtime=rt), one)
              for rt in ("torchtitan@2024-12-compiled", "freed")]
     assert alone[0].stages[0].memory.activations == alone[1].stages[0].memory.activations
+
+
+@pytest.mark.parametrize("runtime, twin, precision, zero, pp, per_param", [
+    ("deepspeed", "deepspeed@2021", "bf16", 1, 2, 18.0),  # BF16_Optimizer.update_hp_grads
+    ("deepspeed", "deepspeed@2021", "bf16", 0, 2, 18.0),
+    ("deepspeed", "deepspeed@2021", "fp16", 1, 2, 0.0),   # no figure for its fp16 optimizers
+    ("deepspeed", "deepspeed@2021", "bf16", 2, 1, 0.0),   # sharded gradients
+    ("megatron@2021", "megatron@2022", "fp16", 0, 2, 6.0),  # autograd's add into .grad
+])
+def test_gradient_accumulation_outside_the_gemms_adds_its_bytes_to_every_micro_batch(runtime, twin, precision, zero,
+                                                                                     pp, per_param):
+    """A runtime that accumulates each micro-batch's gradients in a pass of their own
+    (RuntimeRules.grad_accum_bytes) adds, to every stage's time per micro-batch, that pass over the
+    stage's parameters at the memory-bound rate; its twin record without the pass prices the rest
+    identically. ZeRO-2/3 gradients are shards: nothing is added."""
+    from planner.cost import compute, memory
+    from planner.runtimes import RUNTIME_RULES
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100-80g")
+
+    def priced(name):
+        setup = TrainingSetup(gpus=16, global_batch=64, seq_len=2048, precision=precision, runtime=name)
+        s = resolve_strategy({"dp": 16 // pp, "tp": 1, "pp": pp, "zero": zero, "micro_batch": 1,
+                              "recompute": "full"}, setup)
+        return estimate(model, cluster, setup, s)
+
+    with_pass, without = priced(runtime), priced(twin)
+    assert RUNTIME_RULES[runtime].grad_accum_bytes_of(precision, zero) == per_param
+    for a, b in zip(with_pass.stages, without.stages):
+        params = b.memory.weights / memory.WEIGHT_BYTES
+        added = compute.memory_time_s(per_param * params, cluster.gpu, cluster.efficiency)
+        assert a.time_per_microbatch_s - b.time_per_microbatch_s == pytest.approx(added, rel=1e-9, abs=1e-12)
+    assert (with_pass.step_time_s > without.step_time_s) == (per_param > 0)
+    assert with_pass.memory == without.memory

@@ -922,3 +922,27 @@ def test_torchtitans_eager_layer_keeps_what_the_graph_counts(runtime):
     fused = layer_work(build_layers(spec)[0], Ctx(micro_batch=MB, seq_len=SEQ, flash=True)).saved.total
     assert eager > fused and rules.eager_swiglu
     assert measured == pytest.approx(eager, rel=0.01), _ratio(measured, eager)
+
+
+def test_gradient_accumulation_passes_move_their_records_bytes():
+    """What accumulating one micro-batch's gradients costs per parameter outside the GEMMs
+    (RuntimeRules.grad_accum_bytes): DeepSpeed's BF16_Optimizer.update_hp_grads, verbatim in its
+    arithmetic (microsoft/DeepSpeed 56c522386 and 38327e07f bf16_optimizer.py: a cast of the bf16
+    gradient, then an fp32 add), and autograd adding a second backward's gradient into a 16-bit
+    .grad (Megatron-LM of April 2021: the first backward's is stolen, each later one added)."""
+    from planner.runtimes import RUNTIME_RULES
+
+    n = 1 << 16
+    lp_grad = torch.randn(n, dtype=torch.bfloat16)
+    hp_grad = torch.zeros(n, dtype=torch.float32)
+    update = _bytes_moved_per_element(lambda: hp_grad.data.add_(lp_grad.data.to(hp_grad.dtype).view(hp_grad.shape)), n)
+    assert update == RUNTIME_RULES["deepspeed"].grad_accum_bytes_of("bf16", 1)
+
+    linear = nn.Linear(256, 256, bias=False).half()
+    x = torch.randn(64, 256, dtype=torch.float16)
+    first = _bytes_moved_per_element(lambda: linear(x).sum().backward(), linear.weight.numel())
+    second = _bytes_moved_per_element(lambda: linear(x).sum().backward(), linear.weight.numel())
+    for precision in ("fp16", "bf16"):
+        assert second - first == RUNTIME_RULES["megatron@2021"].grad_accum_bytes_of(precision, 0)
+    for name in ("megatron", "megatron@2022", "torchtitan", "composer", "deepspeed@2021"):
+        assert RUNTIME_RULES[name].grad_accum_bytes == ()

@@ -4,7 +4,9 @@ Per micro-batch and pipeline stage, each layer costs forward compute (GEMMs, att
 memory-bound ops), backward compute (2x the GEMMs: input and weight gradients; the attention core
 2x eager or 2.5x flash, whose backward recomputes the scores; 2x the memory-bound traffic),
 recompute (the forward again for full recompute, the attention core for selective), and the
-collectives it issues (tensor parallel, context parallel ring, expert all-to-all). Stages combine
+collectives it issues (tensor parallel, context parallel ring, expert all-to-all); a stage adds the
+pass some runtimes make over its parameters to accumulate the gradients outside the GEMMs
+(RuntimeRules.grad_accum_bytes), memory-bound, on every micro-batch. Stages combine
 through the pipeline formula (cost/pipeline.py); each stage then finishes with the part of its
 data-parallel gradient reduction that backward cannot hide and its optimizer step, and the step
 ends with the slowest of those tails.
@@ -291,6 +293,9 @@ class Profile:
     zero: int
     """the ZeRO stage whose traffic and memory the strategy's has on its runtime
     (runtimes.RuntimeRules.priced_zero)"""
+    accum_bytes: float = 0.0
+    """bytes per local parameter each micro-batch's backward moves to accumulate gradients
+    outside the GEMMs (runtimes.RuntimeRules.grad_accum_bytes_of at the priced ZeRO stage)"""
 
 
 _PREFIX_KEYS = ("comp", "fwd", "bwd", "tp", "cp", "ep", "params", "expert", "gemm_w")
@@ -310,13 +315,14 @@ def profile(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, s: Strateg
     # a version 1 efficiency block prices as it always did: every send shown
     overlaps = RUNTIME_RULES[setup.runtime].pp_overlap and not isinstance(cluster.efficiency, LegacyEfficiency)
     hide = float(np.diff(tables.prefix["fwd"]).min()) if s.pp > 1 else 0.0  # a chunk holds a layer at least
+    zero = RUNTIME_RULES[setup.runtime].priced_zero(s.zero, s.pp)
     return Profile(model=model, cluster=cluster, setup=setup, strategy=s,
                    microbatches=s.num_microbatches(setup.global_batch), grad_bytes=dp_grad_bytes(setup.precision, setup.grad_reduce),
                    gather_bytes=gather_bytes(setup), prefix=tables.prefix, ends=ends,
                    p2p_s=float(exposed_p2p_s(chunk, s.vpp, overlaps, hide)),
                    p2p_fill_s=float(p2p_fill_s(chunk, s.pp, s.vpp, overlaps)), transient_bytes=tables.transient_bytes,
-                   prefetch_bytes=tables.prefetch_bytes, spans=spans,
-                   zero=RUNTIME_RULES[setup.runtime].priced_zero(s.zero, s.pp))
+                   prefetch_bytes=tables.prefetch_bytes, spans=spans, zero=zero,
+                   accum_bytes=RUNTIME_RULES[setup.runtime].grad_accum_bytes_of(setup.precision, zero))
 
 
 def state_shards(dp: int, cp: int, ep: int, fold: int = 1, shard: int = 0) -> tuple[int, int]:
@@ -344,7 +350,7 @@ def pricing_key(prof: Profile) -> tuple:
     a key when their layer prices come out equal, e.g. cp and micro-batch scaled together with
     dp*cp fixed (tests/test_search.py shows such ties)."""
     s = prof.strategy
-    return (s.pp, s.vpp, s.tp, prof.zero, s.dp_overlap, prof.spans.get("replica"),
+    return (s.pp, s.vpp, s.tp, prof.zero, prof.accum_bytes, s.dp_overlap, prof.spans.get("replica"),
             *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard),
             s.recompute,
             s.recompute_layers, prof.microbatches, prof.grad_bytes, prof.gather_bytes, prof.p2p_s, prof.p2p_fill_s,
@@ -580,7 +586,10 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     if prof.zero >= 2:
         per_mb = zero_traffic_s(coll, prof.zero, prof.grad_bytes, gathered, dense, sums["expert"], replica_share(s))
         z = np.maximum(0.0, per_mb - eff.dp_overlap_fraction * comp) if s.dp_overlap else per_mb
-    t = before_zero + z
+    # gradient accumulation outside the GEMMs, over the stage's parameters, every micro-batch
+    accum = (compute.memory_time_s(prof.accum_bytes * (dense + sums["expert"]), cluster.gpu, eff)
+             if prof.accum_bytes else 0.0)
+    t = before_zero + z + accum
     shards, eshards = state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard)
     # recomputation runs inside backward and hides traffic too
     exposed, opt = stage_tail_s(coll, prof.zero, prof.grad_bytes, gathered, dense, sums["expert"], sums["fwd"],
@@ -594,7 +603,7 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
         acts, other = pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp) * sums["main"], 0.0 * gemm_w
     else:
         weights, grads, optim, acts, other = _memory_parts(prof, i, sums, dense, saved, head_saved)
-    return {"t": t, "compute": comp, "recompute": sums["rec"], "tp_comm": tp, "cp_comm": sums["cp"],
+    return {"t": t, "compute": comp + accum, "recompute": sums["rec"], "tp_comm": tp, "cp_comm": sums["cp"],
             "ep_comm": sums["ep"], "pp_comm": prof.p2p_s + 0.0 * comp, "pp_fill": prof.p2p_fill_s + 0.0 * comp,
             "z": z, "dp_exposed": exposed, "optimizer": opt, "tail": exposed + opt + prof.p2p_fill_s,
             "weights": weights, "grads": grads, "optim": optim, "activations": acts, "other": other,
@@ -618,9 +627,10 @@ def _stage_time(prof: Profile, i, sums: dict) -> tuple:
 
 
 def stage_time_floor_s(prof: Profile, i, chunks):
-    """stage_terms(...)["t"] less what recompute counts and ZeRO-2/3 traffic add, both never
-    negative: a lower bound of the stage's time for every count, computed without them. It adds
-    up over layers, so its sum over the stages of a split is the same for every split."""
+    """stage_terms(...)["t"] less what recompute counts, ZeRO-2/3 traffic and a gradient
+    accumulation pass add, each never negative: a lower bound of the stage's time for every
+    count, computed without them. It adds up over layers, so its sum over the stages of a split
+    is the same for every split."""
     return _stage_time(prof, i, _stage_sums(prof, chunks, 0, ("comp", "tp", "cp", "ep")))[2]
 
 
