@@ -377,10 +377,9 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                               loss_bytes_per_logit=10.0,
                               # bf16 without ZeRO runs BF16_Optimizer (38327e07f engine.py get_data_types:
                               # fp32 accumulation by default when ZeRO is off; _do_optimizer_sanity_check), which
-                              # shards its fp32 states as ZeRO-1 does (BLOOM's ZERO_STAGE=0, its row's zero 1).
-                              # Priced at zero 1 too: a stage-1 config runs it only with data_types
-                              # grad_accum_dtype fp32, which the export does not write (its default bf16
-                              # accumulation runs the ZeRO optimizer, unpriced here)
+                              # shards its fp32 states as ZeRO-1 does (BLOOM's ZERO_STAGE=0, its row's zero 1);
+                              # under ZeRO-1 it runs with data_types grad_accum_dtype fp32, which the export
+                              # writes (export/deepspeed.py)
                               grad_accum_bytes=(("bf16", 18.0),)),
     "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", "all", True, True,
                                "torchtitan 0.3.0 (0.2.x: torchtitan@0.2): FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "

@@ -55,6 +55,12 @@ def check_deepspeed(plan: dict) -> None:
     ds = DeepSpeedConfig(one_rank)
     assert ds.gradient_accumulation_steps == doc["gradient_accumulation_steps"] == plan["strategy"]["num_microbatches"]
     assert ds.zero_optimization_stage == doc["zero_optimization"]["stage"] == plan["strategy"]["zero"]
+    if doc.get("bf16") and ds.zero_optimization_stage == 1:
+        # the BF16_Optimizer the plan is priced on runs under ZeRO-1 only with fp32 accumulation
+        # (DeepSpeedEngine._do_optimizer_sanity_check, get_data_types)
+        import torch
+        from deepspeed.runtime.config import DtypeEnum
+        assert DtypeEnum(ds.grad_accum_dtype).value is torch.float32
 
 
 def check_torchtitan(plan: dict) -> None:

@@ -8,7 +8,9 @@ top-level "_planner" block. DeepSpeedConfig reads only the top-level keys it kno
 others (checked in DeepSpeed 0.16.4, 0.18.2 and 0.19.0, deepspeed/runtime/config.py), while its sections
 (zero_optimization, bf16, fp16, ...) are pydantic models that reject unknown keys, so every key
 written inside a section is one DeepSpeed defines. Bucket sizes are DeepSpeed's defaults, written
-out so the file says what runs.
+out so the file says what runs. A bf16 plan at ZeRO-1 also writes data_types.grad_accum_dtype fp32
+(a plain top-level dict since DeepSpeed #2512), under which DeepSpeed runs the BF16_Optimizer the
+plan was priced on.
 
 Refused, because DeepSpeed cannot run them as planned:
 - ZeRO 2 or 3 with pp > 1 (the pipeline engine asserts "ZeRO-2 and ZeRO-3 are incompatible with
@@ -76,6 +78,11 @@ def config(v: PlanView) -> dict:
     doc["fp16" if v.precision == "fp16" else "bf16"] = {"enabled": True}
     if v.precision == "fp16":
         doc["fp16"]["loss_scale"] = 0  # dynamic loss scaling
+    if v.precision == "bf16" and v.zero == 1:
+        # the optimizer the plan was priced on (runtimes.py, deepspeed grad_accum_bytes):
+        # DeepSpeed runs BF16_Optimizer under ZeRO-1 only with fp32 gradient accumulation
+        # (engine._do_optimizer_sanity_check; without ZeRO it picks fp32 itself, get_data_types)
+        doc["data_types"] = {"grad_accum_dtype": "fp32"}
     if recompute == "full":
         doc["activation_checkpointing"] = {
             # shard each saved layer input over the tp ranks, as sequence parallelism does
