@@ -293,7 +293,7 @@ class Profile:
     zero: int
     """the ZeRO stage whose traffic and memory the strategy's has on its runtime
     (runtimes.RuntimeRules.priced_zero)"""
-    accum_bytes: float = 0.0
+    accum_bytes: float
     """bytes per local parameter each micro-batch's backward moves to accumulate gradients
     outside the GEMMs (runtimes.RuntimeRules.grad_accum_bytes_of at the priced ZeRO stage)"""
 

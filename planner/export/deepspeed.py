@@ -40,6 +40,7 @@ from planner.export.common import (
     require,
     single_recompute_policy,
 )
+from planner.runtimes import RUNTIME_RULES
 
 RUNTIME = "DeepSpeed"
 FORMATS = ("json",)
@@ -78,10 +79,10 @@ def config(v: PlanView) -> dict:
     doc["fp16" if v.precision == "fp16" else "bf16"] = {"enabled": True}
     if v.precision == "fp16":
         doc["fp16"]["loss_scale"] = 0  # dynamic loss scaling
-    if v.precision == "bf16" and v.zero == 1:
-        # the optimizer the plan was priced on (runtimes.py, deepspeed grad_accum_bytes):
-        # DeepSpeed runs BF16_Optimizer under ZeRO-1 only with fp32 gradient accumulation
-        # (engine._do_optimizer_sanity_check; without ZeRO it picks fp32 itself, get_data_types)
+    if v.zero == 1 and RUNTIME_RULES["deepspeed"].grad_accum_bytes_of(v.precision, v.zero):
+        # the BF16_Optimizer the record prices (its grad_accum_bytes): DeepSpeed runs it under
+        # ZeRO-1 only with fp32 gradient accumulation (engine._do_optimizer_sanity_check; without
+        # ZeRO it picks fp32 itself, get_data_types)
         doc["data_types"] = {"grad_accum_dtype": "fp32"}
     if recompute == "full":
         doc["activation_checkpointing"] = {
