@@ -132,6 +132,20 @@ class RuntimeRules:
     do not return any output from PP step(). This allows us to release the memory earlier'), first
     in v0.2.1. cost/step.stage_ends counts the kept logits"""
 
+    pp_buffers_per_microbatch: bool = False
+    """under pipeline stages each virtual chunk holds, for every micro-batch of the step, a receive
+    buffer of its input and that buffer's gradient (all but the first chunk), and a receive buffer
+    of its output's gradient and the sent output itself (all but the last): four boundary
+    activations a micro-batch in a middle chunk, held whether or not the micro-batch is in flight.
+    torch.distributed.pipelining: PipelineStage._prepare_forward_infra and _prepare_backward_infra
+    allocate one receive buffer per micro-batch and direction when the stage is set up (torch 2.6,
+    the release nearest torchtitan 9dec370's torch; pytorch#136380 asks to keep fewer, still open;
+    NVIDIA-NeMo/Automodel#3780, 2026-09-01: 'pre-allocates one full-size P2P recv buffer per
+    microbatch and per direction', 52 GiB on Kimi-K3's middle stages); the input buffers' gradients
+    stay until the next step's clear_runtime_states; sent outputs stay to the step's end (torch
+    2.6's output_chunks on every stage; later the send works and fwd_cache, pytorch#193903:
+    'retained microbatches * stages_per_rank activations'). cost/step.stage_ends counts them"""
+
     loss_bytes_per_logit: float = 6.0
     """bytes per logit element its loss holds at its peak (the LM head's logits, their fp32 copy,
     the softmax it keeps, their gradients), measured with PyTorch on CPU in
@@ -387,7 +401,8 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                orders=("tp-cp-ep-dp-pp",), replicate_alone=True, precisions=("bf16", "fp8"),
                                # torchao Float8LinearConfig's default recipe: dynamic per-tensor scaling
                                fp8_recipes=("tensorwise",),
-                               models=TORCHTITAN_MODELS, pp_defers_sharding=True, loss_bytes_per_logit=12.0,
+                               models=TORCHTITAN_MODELS, pp_defers_sharding=True, pp_buffers_per_microbatch=True,
+                               loss_bytes_per_logit=12.0,
                                # under tp its lm_head leaves the logits vocabulary-sharded (0.3.0
                                # models/common/decoder_sharding.py: out S(-1)), so the loss is its
                                # _LossParallelCrossEntropy (components/loss.py), measured at 16 bytes

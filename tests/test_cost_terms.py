@@ -795,6 +795,39 @@ def test_the_last_stage_keeps_every_micro_batchs_logits_where_the_runtime_does(m
     assert alone[0].stages[0].memory.activations == alone[1].stages[0].memory.activations
 
 
+@pytest.mark.parametrize("pp, vpp", [(2, 1), (4, 1), (4, 2)])
+def test_pipeline_buffers_of_every_micro_batch_where_the_runtime_keeps_them(monkeypatch, pp, vpp):
+    """torch.distributed.pipelining holds, for every micro-batch of the step, each chunk's input
+    receive buffer and its gradient and its output-gradient receive buffer and sent output
+    (RuntimeRules.pp_buffers_per_microbatch): stage i holds m x (4 vpp - 2 [i first] - 2 [i last])
+    boundary activations of micro_batch x seq / cp tokens, 16-bit, 1/tp under sequence
+    parallelism, more than a twin record without them; the step time and a one-stage run are
+    unchanged."""
+    from planner.runtimes import RUNTIME_RULES
+    from planner.spec.training import Strategy, TrainingSetup
+
+    monkeypatch.setitem(RUNTIME_RULES, "unbuffered", replace(RUNTIME_RULES["torchtitan@2024-12-compiled"],
+                                                             pp_buffers_per_microbatch=False))
+    cluster, model = load_cluster("dgx-h100"), load_model("llama3-8b")
+    tp, seq, mb = 2, 4096, 2
+
+    def priced(runtime, strategy):
+        setup = TrainingSetup(gpus=16, global_batch=64, seq_len=seq, precision="bf16", runtime=runtime)
+        return estimate(model, cluster, setup, strategy)
+
+    s = Strategy(dp=8 // pp, tp=tp, pp=pp, vpp=vpp, zero=1, recompute="full", micro_batch=mb, sequence_parallel=True,
+                 schedule="interleaved-1f1b" if vpp > 1 else "1f1b")
+    kept, freed = priced("torchtitan@2024-12-compiled", s), priced("unbuffered", s)
+    m = s.num_microbatches(64)
+    boundary = seq * mb * model.hidden * 2 / tp
+    assert m > 1 and kept.step_time_s == freed.step_time_s
+    for i, (a, b) in enumerate(zip(kept.stages, freed.stages)):
+        held = m * boundary * (4 * vpp - 2 * (i == 0) - 2 * (i == pp - 1))
+        assert a.memory.activations - b.memory.activations == pytest.approx(held, rel=1e-9)
+    one = Strategy(dp=8, tp=tp, zero=1, recompute="full", micro_batch=mb, sequence_parallel=True)
+    assert priced("torchtitan@2024-12-compiled", one).memory == priced("unbuffered", one).memory
+
+
 @pytest.mark.parametrize("runtime, twin, precision, zero, pp, per_param", [
     ("deepspeed", "deepspeed@2021", "bf16", 1, 2, 18.0),  # BF16_Optimizer.update_hp_grads
     ("deepspeed", "deepspeed@2021", "bf16", 0, 2, 18.0),

@@ -403,6 +403,16 @@ def p2p_message_bytes(model: ModelSpec, setup: TrainingSetup, tp, cp, micro_batc
     return setup.seq_len / cp * micro_batch * model.hidden * 2 / tp
 
 
+def boundary_bytes(model: ModelSpec, ctx: Ctx) -> float:
+    """Bytes of the activation one GPU holds at a stage boundary per micro-batch: the hidden
+    states of its micro_batch x seq / cp tokens, 16-bit, sequence-sharded over tp under sequence
+    parallelism (torchtitan's stage inputs and outputs are its layers' Shard(1) local tensors) and
+    whole without; an explicit graph layer's output."""
+    if model.is_graph:
+        return max(l.explicit[3] for l in _layers(model)) * ctx.micro_batch
+    return ctx.seq_len / ctx.cp * ctx.micro_batch * model.hidden * ACT_BYTES / (ctx.tp if ctx.sp else 1)
+
+
 @dataclass(frozen=True, slots=True)
 class LayerTables:
     """One layer context's prices: prefix sums over the chain (Profile.prefix), the embedding and
@@ -451,7 +461,8 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                          kernel_of(cluster, setup),
                          tp_overlap(setup.runtime, sequence_parallel, cluster.gpu.family), setup.dispatcher == "dedup", setup.ep_overlap,
                          *loss_bytes(setup, tp, isinstance(cluster.efficiency, LegacyEfficiency)),
-                         quant_bytes(cluster, setup), RUNTIME_RULES[setup.runtime].pp_keeps_outputs)
+                         quant_bytes(cluster, setup), RUNTIME_RULES[setup.runtime].pp_keeps_outputs,
+                         RUNTIME_RULES[setup.runtime].pp_buffers_per_microbatch)
 
 
 def loss_bytes(setup: TrainingSetup, tp: int, legacy: bool = False) -> tuple[float, float]:
@@ -516,7 +527,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
                   ep_dedup: bool = False, ep_overlap: bool = False,
                   loss_bytes_per_logit: float = LOGIT_SAVED_BYTES,
                   loss_traffic_per_logit: float = LOGIT_RW_BYTES,
-                  quant: tuple[float, float] | None = None, keeps_outputs: bool = False) -> LayerTables:
+                  quant: tuple[float, float] | None = None, keeps_outputs: bool = False,
+                  keeps_buffers: bool = False) -> LayerTables:
     """Prefix sums of the layer prices and the embedding/head terms for one layer context
     (shared by every strategy that differs only in dp, pp, vpp, ZeRO or rank order). The head
     holds, at the loss's peak, what it saves besides the logits and `loss_bytes_per_logit` per
@@ -524,7 +536,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     `loss_traffic_per_logit` per logit. Added to a recomputed layer's rebuild buffer, though the two
     never coincide (the loss's buffers are gone when backward reaches a layer): an overcount of
     at most the smaller, on the safe side. `keeps_outputs` (RuntimeRules.pp_keeps_outputs): the
-    last pipeline stage keeps each micro-batch's 16-bit logits to the step's end (head_kept)."""
+    last pipeline stage keeps each micro-batch's 16-bit logits to the step's end (head_kept).
+    `keeps_buffers` (RuntimeRules.pp_buffers_per_microbatch): each chunk holds boundary activations
+    (boundary_bytes) for every micro-batch of the step (pp_buffer)."""
     gpu, eff = cluster.gpu, cluster.efficiency
     head_precision = compute.outside_fp8(precision, eff)
     kinds, kind_index = _kinds(model)
@@ -561,7 +575,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
             "head_tp": 2 * coll(head.tp_message_bytes or emb.tp_message_bytes),
             "head_params": head.params_local, "head_tied": tied_head_params(model, base.tp),
             "head_saved": head.saved_bytes + (loss_bytes_per_logit - LOGIT_SAVED_BYTES) * head.logits,
-            "head_kept": ACT_BYTES * head.logits if keeps_outputs else 0.0}
+            "head_kept": ACT_BYTES * head.logits if keeps_outputs else 0.0,
+            "pp_buffer": boundary_bytes(model, base) if keeps_buffers else 0.0}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
     return LayerTables(prefix=prefix, ends=ends, kinds=kinds, transient_bytes=transient, prefetch_bytes=prefetch)
@@ -684,10 +699,8 @@ def stage_memory_bytes(prof: Profile, i, chunks, recompute_layers=0):
 
 def _held(prof: Profile, i, sums: dict) -> tuple:
     """stage_ends of stage i holding the layers `sums` sums up (_stage_sums)."""
-    E, last = prof.ends, prof.strategy.pp - 1
-    return stage_ends(np.equal(i, 0), np.equal(i, last), sums["params"], sums["saved"], E["emb_params"],
-                      E["head_params"], E["head_tied"], E["emb_saved"], E["head_saved"], E["head_kept"],
-                      prof.microbatches)
+    return stage_ends(np.equal(i, 0), np.equal(i, prof.strategy.pp - 1), sums["params"], sums["saved"],
+                      prof.ends.__getitem__, prof.microbatches, prof.strategy.vpp)
 
 
 def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tuple:
@@ -701,18 +714,26 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
                         dp_grad_bytes(prof.setup.precision, prof.setup.grad_reduce))
 
 
-def stage_ends(first, last, params, saved, emb_params, head_params, head_tied, emb_saved, head_saved,
-               head_kept=0.0, microbatches=1) -> tuple:
-    """(dense parameters, saved bytes per micro-batch, the LM head's saved bytes) of a pipeline
-    stage whose layers hold `params` and `saved`: the first stage also holds the embedding, the
-    last the LM head, less `head_tied` (tied_head_params) when it is also the first, whose
-    embedding table then serves as the head. The last of two or more stages also holds
-    `head_kept` (LayerTables ends) for each of the step's other `microbatches` - 1 micro-batches:
-    at its last backward, the outputs of the earlier ones a runtime keeps
-    (RuntimeRules.pp_keeps_outputs). Arrays broadcast."""
-    kept = last * np.logical_not(first) * (microbatches - 1) * head_kept
-    return (params + first * emb_params + last * (head_params - first * head_tied), saved + first * emb_saved,
-            last * head_saved + kept)
+def stage_ends(first, last, params, saved, end, microbatches=1, vpp=1) -> tuple:
+    """(dense parameters, saved bytes per micro-batch, what the stage holds once: the LM head's
+    saved bytes and the runtime's buffers) of a pipeline stage whose layers hold `params` and
+    `saved`; `end(key)` reads the layer context's end terms (LayerTables.ends). The first stage
+    also holds the embedding, the last the LM head, less head_tied (tied_head_params) when it is
+    also the first, whose embedding table then serves as the head. The last of two or more stages
+    also holds head_kept for each of the step's other `microbatches` - 1 micro-batches: at its
+    last backward, the outputs of the earlier ones a runtime keeps (RuntimeRules.pp_keeps_outputs).
+    A runtime that keeps pipeline buffers for every micro-batch
+    (RuntimeRules.pp_buffers_per_microbatch) holds pp_buffer (boundary_bytes) four times a
+    micro-batch in each of the stage's `vpp` chunks, less two in the pipeline's first chunk
+    (nothing to receive) and two in its last (its output is the logits): microbatches x pp_buffer
+    x (4 vpp - 2 first - 2 last), 0 without pipeline stages. A chunk's first layer saves its input,
+    which is that chunk's receive buffer, so the in-flight micro-batches' inputs are counted twice
+    outside the first stage: an overcount of at most in_flight x pp_buffer, on the safe side.
+    Arrays broadcast."""
+    kept = last * np.logical_not(first) * (microbatches - 1) * end("head_kept")
+    buffers = microbatches * end("pp_buffer") * (4 * vpp - 2 * first - 2 * last)
+    return (params + first * end("emb_params") + last * (end("head_params") - first * end("head_tied")),
+            saved + first * end("emb_saved"), last * end("head_saved") + kept + buffers)
 
 
 def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,

@@ -372,10 +372,8 @@ class Refiner:
         activations from prefix `saved_key` less `less_saved` per micro-batch, and the rebuild
         buffer of a recomputed layer when `rebuilt`."""
         extra = (1,) * (total("params").ndim - 1)
-        dense, saved, head = stage_ends(first, last, total("params"), total(saved_key) - less_saved,
-                                        end("emb_params"), end("head_params"), end("head_tied"),
-                                        end("emb_saved"), end("head_saved"), end("head_kept"),
-                                        self.m[j].reshape(-1, *extra))
+        dense, saved, head = stage_ends(first, last, total("params"), total(saved_key) - less_saved, end,
+                                        self.m[j].reshape(-1, *extra), self.vpp[j].reshape(-1, *extra))
         transient = self.ctx.col("transient_bytes")[self.c[j]].reshape(-1, *extra) * rebuilt
         prefetch = self.ctx.col("prefetch_bytes")[self.c[j]].reshape(-1, *extra)
         expert = total("expert")
@@ -459,8 +457,7 @@ class Refiner:
                   for k in range(len(parts[0][1]))]
         stage = np.concatenate([np.full(n, i) for (i, _), n in zip(parts, sizes)])[None, :]
         total, end = self._sums(j, chunks)
-        dense = stage_ends(stage == 0, stage == pp - 1, total("params"), 0.0, end("emb_params"),
-                           end("head_params"), end("head_tied"), 0.0, 0.0)[0]
+        dense = stage_ends(stage == 0, stage == pp - 1, total("params"), 0.0, end)[0]
         rec = np.where(self.full[j][:, None], total("rec_f"), total("rec_b"))
         col = (slice(None), None)
         exposed, opt = stage_tail_s(affine(self.coef, self.lay[j]), self.zero[j][col],
