@@ -66,6 +66,12 @@ class Ctx:
     expanded_kv: bool = False
     """K and V are expanded to every query head before the attention kernel
     (runtimes.RuntimeRules.expanded_kv), which then keeps them at the query heads' count"""
+    cp_expanded_kv: bool = False
+    """context parallelism moves K and V expanded to every query head
+    (runtimes.RuntimeRules.cp_expanded_kv): Work.cp_message_bytes at the query heads' count"""
+    cp_rotation: str = "ring"
+    """how context parallelism moves K and V between its ranks (runtimes.RuntimeRules.cp_rotation;
+    cost/step.cp_exposed_s prices it)"""
     moe_imbalance: float = 1.0
     """the token-expert pairs the most loaded expert-parallel rank receives over a balanced
     share (TrainingSetup.moe_imbalance): that rank's expert GEMMs, permutes, all-to-all bytes and
@@ -108,7 +114,8 @@ class Work:
     tp_collectives: int
     """tensor-parallel collectives in forward (as many again in backward)"""
     cp_message_bytes: float
-    """K and V block passed around the context-parallel ring at each of its cp-1 steps"""
+    """the K and V of this rank's sequence block, the block context parallelism passes between its
+    ranks (at the KV heads' count, or the query heads' where Ctx.cp_expanded_kv)"""
     ep_message_bytes: float
     """payload of each expert all-to-all (dispatch and combine) per GPU"""
     ep_collectives: int
@@ -371,7 +378,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         tp_message_bytes=tokens * h * ACT_BYTES if tp > 1 else 0.0,
         # attention's and the MLP's (a folded expert MLP beside no dense one has none)
         tp_collectives=0 if tp == 1 else 1 if ctx.folded and layer.experts and not layer.mlp_linears else 2,
-        cp_message_bytes=2 * b * (s / cp) * kv_local * layer.d_qk * ACT_BYTES if cp > 1 else 0.0,
+        cp_message_bytes=(2 * b * (s / cp) * (q_local if ctx.cp_expanded_kv else kv_local) * layer.d_qk * ACT_BYTES
+                          if cp > 1 else 0.0),
         ep_message_bytes=expert_tokens * h * ACT_BYTES / tp if layer.experts else 0.0,
         ep_collectives=2 if layer.experts else 0,
         saved=saved, saved_full_recompute=ACT_BYTES * rep,

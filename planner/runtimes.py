@@ -204,6 +204,22 @@ class RuntimeRules:
     (graph._eager_saved) and copies them there and back (graph._eager_traffic): torchtitan
     1ea476e9f's and 9dec370's repeat_kv (models/llama/model.py); since 0.2 it passes enable_gqa to
     SDPA and keeps them at the KV heads"""
+    cp_rotation: str = "ring"
+    """how its context parallelism moves each layer's K and V between the cp ranks (cost/step
+    .cp_exposed_s): 'ring', one block a step, each send behind a block of attention (Megatron-Core's
+    Transformer Engine attention under its default cp_comm_type 'p2p'), or 'allgather', torch's
+    context_parallel under its default rotate method (torch 2.6 and 2.13
+    distributed/tensor/experimental _attention.py: _cp_options.rotate_method ALL_GATHER, which
+    torchtitan keeps: 9dec370 and 0.2.2 context_parallel_rotate_method 'allgather'). The all-gather
+    rotater gathers every rank's block at once behind the local block's attention, forward and
+    again in backward, where the K and V gradients go round the ring in fp32 (accum_dtype under
+    convert_to_f32, dkv_rotater ALL_TO_ALL), and holds the gathered blocks while a layer's attention
+    runs"""
+    cp_expanded_kv: bool = False
+    """its attention hands the kernel K and V expanded to every query head, so its context
+    parallelism moves them at that size: torchtitan 9dec370's Attention.forward (repeat_kv before
+    F.scaled_dot_product_attention, compiled or not, which torch's context_parallel replaces with
+    its ring attention); since 0.2 it passes enable_gqa and keeps them at the KV heads"""
     zero_with_experts: tuple[int, ...] = (0, 1, 2, 3)
     """the ZeRO stages it runs a model with experts in (zeros)"""
     fp8_saves_quantised: bool = False
@@ -402,6 +418,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                # torchao Float8LinearConfig's default recipe: dynamic per-tensor scaling
                                fp8_recipes=("tensorwise",),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, pp_buffers_per_microbatch=True,
+                               cp_rotation="allgather",
                                loss_bytes_per_logit=12.0,
                                # under tp its lm_head leaves the logits vocabulary-sharded (0.3.0
                                # models/common/decoder_sharding.py: out S(-1)), so the loss is its
@@ -431,12 +448,12 @@ RUNTIME_RULES["torchtitan@0.2"] = replace(
          "under tp its loss runs in torch's DTensor loss_parallel (v0.2.2 train.py: loss_parallel_enabled = "
          "tp_enabled and not disable_loss_parallel; components/loss.py: cross_entropy of the fp32 cast)")
 RUNTIME_RULES["torchtitan@2024-04"] = replace(
-    RUNTIME_RULES["torchtitan"], expanded_kv=True,
+    RUNTIME_RULES["torchtitan"], expanded_kv=True, cp_expanded_kv=True,
     note="torchtitan of April 2024 (1ea476e9f, the configs of docs/performance.md then): no torch.compile, no "
          "float8; Triton fused_rmsnorm (train_configs norm_type), eager complex RoPE and SwiGLU, K and V expanded "
          "by repeat_kv before SDPA (models/llama/model.py), the loss on the fp32 logits")
 RUNTIME_RULES["torchtitan@2024-12-compiled"] = replace(
-    RUNTIME_RULES["torchtitan"], eager_swiglu=False, eager_rope_bytes=None, pp_keeps_outputs=True,
+    RUNTIME_RULES["torchtitan"], eager_swiglu=False, eager_rope_bytes=None, pp_keeps_outputs=True, cp_expanded_kv=True,
     note="torchtitan of December 2024 (9dec370, the configs of docs/performance.md at d4c86e375) with "
          "torch.compile of its TransformerBlocks (the norms, rotary embeddings and SwiGLU fused; the loss not "
          "compiled) and, under tp, torch's "

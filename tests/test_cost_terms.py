@@ -795,6 +795,56 @@ def test_the_last_stage_keeps_every_micro_batchs_logits_where_the_runtime_does(m
     assert alone[0].stages[0].memory.activations == alone[1].stages[0].memory.activations
 
 
+def test_context_parallel_exchange_by_rotation():
+    """cost/step.cp_exposed_s: the ring hides its cp - 1 sends (twice as many backward) behind the
+    whole attention core; the all-gather rotater hides one gather only behind the local block's
+    share of it, and its fp32 gradient ring shows its last send whatever the core."""
+    from planner.cost.step import cp_exposed_s
+
+    cluster = load_cluster("dgx-h100")
+    span = Span(size=8, per_node=1, nodes=8)
+    block, cp = 256e6, 8
+    send = comm.p2p_time_s(block, True, cluster)
+    gather = comm.collective_time_s("all_gather", cp * block, span, cluster)
+    assert cp_exposed_s("ring", 1, block, 0.0, 0.0, span, cluster) == (0.0, 0.0)
+    assert cp_exposed_s("ring", cp, block, 0.0, 0.0, span, cluster) == pytest.approx((7 * send, 14 * send))
+    assert cp_exposed_s("ring", cp, block, 1.0, 2.5, span, cluster) == (0.0, 0.0)
+    assert cp_exposed_s("allgather", cp, block, 0.0, 0.0, span, cluster) == pytest.approx((gather, gather + 16 * send))
+    big = 100.0  # every block's share of the core hides its exchange: only the last gradient send shows
+    assert cp_exposed_s("allgather", cp, block, big, 2.5 * big, span, cluster) == pytest.approx((0.0, 2 * send))
+    # the gather is (cp - 1) blocks received, the ring's forward sends as many: hidden behind
+    # 1/cp of the core, not all of it
+    fwd = gather + 0.5 * cp * send
+    ring, allgather = (cp_exposed_s(r, cp, block, fwd, 2.5 * fwd, span, cluster)[0] for r in ("ring", "allgather"))
+    assert ring == 0.0 < allgather
+
+
+def test_torch_context_parallel_moves_the_expanded_kv_and_holds_the_gathered_blocks(monkeypatch):
+    """torchtitan of December 2024 hands SDPA K and V expanded to the query heads, and torch's
+    context_parallel all-gathers every rank's block (RuntimeRules.cp_expanded_kv, cp_rotation):
+    the block is q_heads / kv_heads times the KV heads' one, every stage holds cp of them more than
+    under a ring twin, and a layer without context parallelism prices the same."""
+    from planner.cost.step import layer_ctx
+    from planner.runtimes import RUNTIME_RULES
+
+    monkeypatch.setitem(RUNTIME_RULES, "ringed", replace(RUNTIME_RULES["torchtitan@2024-12-compiled"],
+                                                         cp_rotation="ring", cp_expanded_kv=False))
+    cluster, model = load_cluster("dgx-h100"), load_model("llama3-8b")
+    setup = {rt: TrainingSetup(gpus=8, global_batch=8, seq_len=65536, precision="bf16", runtime=rt)
+             for rt in ("torchtitan@2024-12-compiled", "ringed")}
+    layer = build_layers(model)[0]
+    works = {rt: layer_work(layer, layer_ctx(model, st, 1, 4, 1, 1, False)) for rt, st in setup.items()}
+    expanded, plain = works["torchtitan@2024-12-compiled"].cp_message_bytes, works["ringed"].cp_message_bytes
+    assert plain == 2 * 65536 / 4 * model.kv_heads * model.head_dim * 2
+    assert expanded == plain * model.heads / model.kv_heads
+    s = Strategy(dp=2, cp=4, zero=3, recompute="full")
+    gathered, ringed = (estimate(model, cluster, setup[rt], s) for rt in setup)
+    assert gathered.memory.activations - ringed.memory.activations == pytest.approx(4 * expanded, rel=1e-9)
+    assert gathered.step_time_s >= ringed.step_time_s
+    alone = Strategy(dp=8, zero=3, recompute="full")
+    assert estimate(model, cluster, setup["ringed"], alone) == estimate(model, cluster, setup["torchtitan@2024-12-compiled"], alone)
+
+
 @pytest.mark.parametrize("pp, vpp", [(2, 1), (4, 1), (4, 2)])
 def test_pipeline_buffers_of_every_micro_batch_where_the_runtime_keeps_them(monkeypatch, pp, vpp):
     """torch.distributed.pipelining holds, for every micro-batch of the step, each chunk's input

@@ -205,9 +205,8 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
         # which exist only inside one node: a tp group across nodes overlaps nothing
         # (NVIDIA/TransformerEngine issue #1071)
         tp_one = max(0.0, tp_one - gemm_fwd)
-    # Ring attention (context parallel): cp-1 K/V block exchanges, hidden behind the attention core.
-    cp_step = (ctx.cp - 1) * comm.p2p_time_s(w.cp_message_bytes, cp_span.nodes > 1, cluster)
-    cp = max(0.0, cp_step - attn) + max(0.0, 2 * cp_step - attn_bwd)
+    cp_fwd, cp_bwd = cp_exposed_s(ctx.cp_rotation, ctx.cp, w.cp_message_bytes, attn, attn_bwd, cp_span, cluster)
+    cp = cp_fwd + cp_bwd
     if ep_dedup and layer.experts:
         ep_one = w.ep_collectives * float(comm.dispatch_time_s(w.ep_message_bytes / layer.top_k, layer.top_k,
                                                                 layer.experts, ep_span, cluster, layer.expert_groups,
@@ -221,7 +220,7 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
         recompute = (sum(share * t for share, t in zip(w.op_recomputed, gemms_fwd)) + mem + core_mem + eager_fwd
                      + quant_fwd + (tp_one / 2 if ctx.sp else tp_one))
     else:
-        recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one}[ctx.recompute]
+        recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one + cp_fwd}[ctx.recompute]
     ep = 2 * ep_one
     if ep_overlap:
         covered = min(ep, fwd + bwd)
@@ -231,6 +230,32 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
                      saved=w.saved.total, saved_main=w.saved.main, saved_none=none.saved.total,
                      params=w.params_local, expert_params=w.expert_params_local,
                      gemm_weights=w.gemm_weight_params)
+
+
+def cp_exposed_s(rotation: str, cp: int, block_bytes: float, attn_fwd_s: float, attn_bwd_s: float,
+                 span: Span, cluster: Cluster) -> tuple[float, float]:
+    """(forward, backward) seconds a layer's context-parallel exchange shows beyond its attention
+    core (attn_fwd_s, attn_bwd_s), per micro-batch, for the K and V block of `block_bytes`
+    (graph.Work.cp_message_bytes) over the cp group (runtimes.RuntimeRules.cp_rotation); a fully
+    recomputed layer shows the forward's again. p is one send of the block to the next rank
+    (comm.p2p_time_s).
+    ring: cp - 1 sends forward behind the whole core, twice as many backward (the blocks and their
+      gradients): max(0, (cp-1) p - A_f), max(0, 2 (cp-1) p - A_b).
+    allgather: one all-gather of the cp blocks G (comm.collective_time_s), forward behind the local
+      block's share of the core and again backward; backward the K and V gradients, in fp32 (2p a
+      send), go round the ring cp times, each behind the next block's backward but the last, the
+      causal load balance giving every block 1/cp of the core: max(0, G - A_f/cp),
+      max(0, G - A_b/cp) + (cp-1) max(0, 2p - A_b/cp) + 2p (torch _attention.py
+      _templated_ring_attention and its backward)."""
+    if cp <= 1:
+        return 0.0, 0.0
+    send = comm.p2p_time_s(block_bytes, span.nodes > 1, cluster)
+    if rotation == "ring":
+        return max(0.0, (cp - 1) * send - attn_fwd_s), max(0.0, 2 * (cp - 1) * send - attn_bwd_s)
+    gather = comm.collective_time_s("all_gather", cp * block_bytes, span, cluster)
+    block_bwd = attn_bwd_s / cp
+    return (max(0.0, gather - attn_fwd_s / cp),
+            max(0.0, gather - block_bwd) + (cp - 1) * max(0.0, 2 * send - block_bwd) + 2 * send)
 
 
 @lru_cache(maxsize=65536)
@@ -403,6 +428,16 @@ def p2p_message_bytes(model: ModelSpec, setup: TrainingSetup, tp, cp, micro_batc
     return setup.seq_len / cp * micro_batch * model.hidden * 2 / tp
 
 
+def cp_gathered_bytes(layers, ctx: Ctx) -> float:
+    """Bytes the all-gather rotater (runtimes.RuntimeRules.cp_rotation 'allgather') holds while a
+    layer's attention runs, forward or backward: the cp ranks' K and V blocks (graph.Work
+    .cp_message_bytes) gathered, of the largest such layer; 0 under the ring or without context
+    parallelism."""
+    if ctx.cp <= 1 or ctx.cp_rotation != "allgather":
+        return 0.0
+    return ctx.cp * max((layer_work(k, _kind_ctx(ctx, k, "none")).cp_message_bytes for k in layers), default=0.0)
+
+
 def boundary_bytes(model: ModelSpec, ctx: Ctx) -> float:
     """Bytes of the activation one GPU holds at a stage boundary per micro-batch: the hidden
     states of its micro_batch x seq / cp tokens, 16-bit, sequence-sharded over tp under sequence
@@ -434,7 +469,8 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
                quantised_inputs=setup.precision == "fp8" and rules.fp8_saves_quantised,
                eager_swiglu=rules.eager_swiglu, eager_norm_bytes=rules.eager_norm_bytes,
                eager_rope_bytes=rules.eager_rope_bytes,
-               expanded_kv=rules.expanded_kv, moe_imbalance=setup.moe_imbalance if model.moe is not None else 1.0)
+               expanded_kv=rules.expanded_kv, cp_expanded_kv=rules.cp_expanded_kv, cp_rotation=rules.cp_rotation,
+               moe_imbalance=setup.moe_imbalance if model.moe is not None else 1.0)
 
 
 def base_mode(recompute: str) -> str:
@@ -576,7 +612,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
             "head_params": head.params_local, "head_tied": tied_head_params(model, base.tp),
             "head_saved": head.saved_bytes + (loss_bytes_per_logit - LOGIT_SAVED_BYTES) * head.logits,
             "head_kept": ACT_BYTES * head.logits if keeps_outputs else 0.0,
-            "pp_buffer": boundary_bytes(model, base) if keeps_buffers else 0.0}
+            "pp_buffer": boundary_bytes(model, base) if keeps_buffers else 0.0,
+            "cp_buffer": cp_gathered_bytes(_kinds(model)[0], base)}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
     return LayerTables(prefix=prefix, ends=ends, kinds=kinds, transient_bytes=transient, prefetch_bytes=prefetch)
@@ -726,14 +763,15 @@ def stage_ends(first, last, params, saved, end, microbatches=1, vpp=1) -> tuple:
     (RuntimeRules.pp_buffers_per_microbatch) holds pp_buffer (boundary_bytes) four times a
     micro-batch in each of the stage's `vpp` chunks, less two in the pipeline's first chunk
     (nothing to receive) and two in its last (its output is the logits): microbatches x pp_buffer
-    x (4 vpp - 2 first - 2 last), 0 without pipeline stages. A chunk's first layer saves its input,
+    x (4 vpp - 2 first - 2 last), 0 without pipeline stages. Every stage holds cp_buffer
+    (cp_gathered_bytes) while a layer's attention runs. A chunk's first layer saves its input,
     which is that chunk's receive buffer, so the in-flight micro-batches' inputs are counted twice
     outside the first stage: an overcount of at most in_flight x pp_buffer, on the safe side.
     Arrays broadcast."""
     kept = last * np.logical_not(first) * (microbatches - 1) * end("head_kept")
     buffers = microbatches * end("pp_buffer") * (4 * vpp - 2 * first - 2 * last)
     return (params + first * end("emb_params") + last * (end("head_params") - first * end("head_tied")),
-            saved + first * end("emb_saved"), last * end("head_saved") + kept + buffers)
+            saved + first * end("emb_saved"), last * end("head_saved") + kept + buffers + end("cp_buffer"))
 
 
 def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,
