@@ -804,19 +804,57 @@ def test_context_parallel_exchange_by_rotation():
     cluster = load_cluster("dgx-h100")
     span = Span(size=8, per_node=1, nodes=8)
     block, cp = 256e6, 8
-    send = comm.p2p_time_s(block, True, cluster)
+    send, grad_send = (comm.p2p_time_s(n, True, cluster) for n in (block, 2 * block))
     gather = comm.collective_time_s("all_gather", cp * block, span, cluster)
     assert cp_exposed_s("ring", 1, block, 0.0, 0.0, span, cluster) == (0.0, 0.0)
     assert cp_exposed_s("ring", cp, block, 0.0, 0.0, span, cluster) == pytest.approx((7 * send, 14 * send))
     assert cp_exposed_s("ring", cp, block, 1.0, 2.5, span, cluster) == (0.0, 0.0)
-    assert cp_exposed_s("allgather", cp, block, 0.0, 0.0, span, cluster) == pytest.approx((gather, gather + 16 * send))
+    assert cp_exposed_s("allgather", cp, block, 0.0, 0.0, span, cluster) == pytest.approx((gather, gather + cp * grad_send))
     big = 100.0  # every block's share of the core hides its exchange: only the last gradient send shows
-    assert cp_exposed_s("allgather", cp, block, big, 2.5 * big, span, cluster) == pytest.approx((0.0, 2 * send))
+    assert cp_exposed_s("allgather", cp, block, big, 2.5 * big, span, cluster) == pytest.approx((0.0, grad_send))
     # the gather is (cp - 1) blocks received, the ring's forward sends as many: hidden behind
     # 1/cp of the core, not all of it
     fwd = gather + 0.5 * cp * send
     ring, allgather = (cp_exposed_s(r, cp, block, fwd, 2.5 * fwd, span, cluster)[0] for r in ("ring", "allgather"))
     assert ring == 0.0 < allgather
+
+
+def test_every_runtime_names_a_priced_rotation_and_an_unknown_one_is_refused():
+    """cp_exposed_s prices the rotations of CP_ROTATIONS and refuses any other name rather than
+    pricing it as one of them."""
+    from planner.cost.step import cp_exposed_s
+    from planner.runtimes import CP_ROTATIONS, RUNTIME_RULES
+
+    assert {r.cp_rotation for r in RUNTIME_RULES.values()} <= set(CP_ROTATIONS)
+    span, cluster = Span(size=2, per_node=2, nodes=1), load_cluster("dgx-h100")
+    with pytest.raises(ValueError, match="alltoall"):
+        cp_exposed_s("alltoall", 2, 1e6, 0.0, 0.0, span, cluster)
+
+
+def test_a_layer_that_recomputes_its_attention_shows_its_exchange_again(monkeypatch):
+    """Full recomputation reruns a layer's forward and Megatron's selective one its attention
+    core, the context-parallel exchange with them: the recompute time holds cp_exposed_s's forward
+    term once more, and the layer's own cp time both terms."""
+    import planner.cost.step as step
+
+    monkeypatch.setattr(step, "cp_exposed_s", lambda *args: (0.125, 0.5))
+    cluster, model = load_cluster("dgx-h100"), load_model("llama3-8b")
+    layer = build_layers(model)[0]
+    span, no = Span(size=8, per_node=1, nodes=8), Span(size=1, per_node=1, nodes=1)
+
+    def cost(mode, cp_span):
+        step.layer_cost.cache_clear()
+        ctx = Ctx(micro_batch=1, seq_len=2048, cp=8, recompute=mode)
+        return layer_cost(layer, ctx, cluster, "bf16", no, cp_span, no)
+
+    for mode in ("none", "selective", "full"):
+        assert cost(mode, span).cp == 0.625
+    assert cost("none", span).recompute == 0.0
+    for mode in ("selective", "full"):
+        monkeypatch.setattr(step, "cp_exposed_s", lambda *args: (0.0, 0.0))
+        hidden = cost(mode, span).recompute
+        monkeypatch.setattr(step, "cp_exposed_s", lambda *args: (0.125, 0.5))
+        assert cost(mode, span).recompute - hidden == pytest.approx(0.125)
 
 
 def test_torch_context_parallel_moves_the_expanded_kv_and_holds_the_gathered_blocks(monkeypatch):

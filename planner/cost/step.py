@@ -4,7 +4,8 @@ Per micro-batch and pipeline stage, each layer costs forward compute (GEMMs, att
 memory-bound ops), backward compute (2x the GEMMs: input and weight gradients; the attention core
 2x eager or 2.5x flash, whose backward recomputes the scores; 2x the memory-bound traffic),
 recompute (the forward again for full recompute, the attention core for selective), and the
-collectives it issues (tensor parallel, context parallel ring, expert all-to-all); a stage adds the
+collectives it issues (tensor parallel, the context-parallel exchange of K and V: a ring or an
+all-gather, cp_exposed_s; expert all-to-all); a stage adds the
 pass some runtimes make over its parameters to accumulate the gradients outside the GEMMs
 (RuntimeRules.grad_accum_bytes), memory-bound, on every micro-batch. Stages combine
 through the pipeline formula (cost/pipeline.py); each stage then finishes with the part of its
@@ -220,7 +221,7 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
         recompute = (sum(share * t for share, t in zip(w.op_recomputed, gemms_fwd)) + mem + core_mem + eager_fwd
                      + quant_fwd + (tp_one / 2 if ctx.sp else tp_one))
     else:
-        recompute = {"none": 0.0, "selective": attn + core_mem, "full": fwd + tp_one + ep_one + cp_fwd}[ctx.recompute]
+        recompute = {"none": 0.0, "selective": attn + core_mem + cp_fwd, "full": fwd + tp_one + ep_one + cp_fwd}[ctx.recompute]
     ep = 2 * ep_one
     if ep_overlap:
         covered = min(ep, fwd + bwd)
@@ -236,26 +237,31 @@ def cp_exposed_s(rotation: str, cp: int, block_bytes: float, attn_fwd_s: float, 
                  span: Span, cluster: Cluster) -> tuple[float, float]:
     """(forward, backward) seconds a layer's context-parallel exchange shows beyond its attention
     core (attn_fwd_s, attn_bwd_s), per micro-batch, for the K and V block of `block_bytes`
-    (graph.Work.cp_message_bytes) over the cp group (runtimes.RuntimeRules.cp_rotation); a fully
-    recomputed layer shows the forward's again. p is one send of the block to the next rank
+    (graph.Work.cp_message_bytes) over the cp group (runtimes.RuntimeRules.cp_rotation); a layer
+    that recomputes its attention (full, or Megatron's selective) shows the forward's again. p is
+    one send of the block to the next rank, q one of its fp32 gradients, twice the bytes
     (comm.p2p_time_s).
     ring: cp - 1 sends forward behind the whole core, twice as many backward (the blocks and their
       gradients): max(0, (cp-1) p - A_f), max(0, 2 (cp-1) p - A_b).
     allgather: one all-gather of the cp blocks G (comm.collective_time_s), forward behind the local
-      block's share of the core and again backward; backward the K and V gradients, in fp32 (2p a
-      send), go round the ring cp times, each behind the next block's backward but the last, the
-      causal load balance giving every block 1/cp of the core: max(0, G - A_f/cp),
-      max(0, G - A_b/cp) + (cp-1) max(0, 2p - A_b/cp) + 2p (torch _attention.py
+      block's share of the core and again backward; backward the K and V gradients, in fp32, go
+      round the ring cp times, each behind the next block's backward but the last, the causal load
+      balance giving every block 1/cp of the core: max(0, G - A_f/cp),
+      max(0, G - A_b/cp) + (cp-1) max(0, q - A_b/cp) + q (torch _attention.py
       _templated_ring_attention and its backward)."""
     if cp <= 1:
         return 0.0, 0.0
-    send = comm.p2p_time_s(block_bytes, span.nodes > 1, cluster)
+    inter_node = span.nodes > 1
     if rotation == "ring":
+        send = comm.p2p_time_s(block_bytes, inter_node, cluster)
         return max(0.0, (cp - 1) * send - attn_fwd_s), max(0.0, 2 * (cp - 1) * send - attn_bwd_s)
+    if rotation != "allgather":
+        raise ValueError(f"unknown context-parallel rotation {rotation!r} (runtimes.CP_ROTATIONS)")
     gather = comm.collective_time_s("all_gather", cp * block_bytes, span, cluster)
+    grad_send = comm.p2p_time_s(2 * block_bytes, inter_node, cluster)
     block_bwd = attn_bwd_s / cp
     return (max(0.0, gather - attn_fwd_s / cp),
-            max(0.0, gather - block_bwd) + (cp - 1) * max(0.0, 2 * send - block_bwd) + 2 * send)
+            max(0.0, gather - block_bwd) + (cp - 1) * max(0.0, grad_send - block_bwd) + grad_send)
 
 
 @lru_cache(maxsize=65536)
@@ -422,10 +428,8 @@ def p2p_fill_s(chunk_s, pp, vpp, overlaps: bool):
 
 def p2p_message_bytes(model: ModelSpec, setup: TrainingSetup, tp, cp, micro_batch):
     """Bytes one tp rank sends across a stage boundary per micro-batch (p2p_s): its 1/tp of the
-    boundary activation (a layer graph's largest explicit one)."""
-    if model.is_graph:
-        return max(l.explicit[3] for l in _layers(model)) * micro_batch
-    return setup.seq_len / cp * micro_batch * model.hidden * 2 / tp
+    boundary activation (boundary_bytes)."""
+    return boundary_bytes(model, setup.seq_len, cp, micro_batch, tp)
 
 
 def cp_gathered_bytes(layers, ctx: Ctx) -> float:
@@ -438,14 +442,13 @@ def cp_gathered_bytes(layers, ctx: Ctx) -> float:
     return ctx.cp * max((layer_work(k, _kind_ctx(ctx, k, "none")).cp_message_bytes for k in layers), default=0.0)
 
 
-def boundary_bytes(model: ModelSpec, ctx: Ctx) -> float:
-    """Bytes of the activation one GPU holds at a stage boundary per micro-batch: the hidden
-    states of its micro_batch x seq / cp tokens, 16-bit, sequence-sharded over tp under sequence
-    parallelism (torchtitan's stage inputs and outputs are its layers' Shard(1) local tensors) and
-    whole without; an explicit graph layer's output."""
+def boundary_bytes(model: ModelSpec, seq_len, cp, micro_batch, shards=1) -> float:
+    """Bytes of the activation at a stage boundary per micro-batch, over `shards` ranks: the
+    16-bit hidden states of micro_batch x seq_len / cp tokens (a layer graph's largest explicit
+    output)."""
     if model.is_graph:
-        return max(l.explicit[3] for l in _layers(model)) * ctx.micro_batch
-    return ctx.seq_len / ctx.cp * ctx.micro_batch * model.hidden * ACT_BYTES / (ctx.tp if ctx.sp else 1)
+        return max(l.explicit[3] for l in _layers(model)) * micro_batch
+    return seq_len / cp * micro_batch * model.hidden * ACT_BYTES / shards
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,7 +577,11 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     at most the smaller, on the safe side. `keeps_outputs` (RuntimeRules.pp_keeps_outputs): the
     last pipeline stage keeps each micro-batch's 16-bit logits to the step's end (head_kept).
     `keeps_buffers` (RuntimeRules.pp_buffers_per_microbatch): each chunk holds boundary activations
-    (boundary_bytes) for every micro-batch of the step (pp_buffer)."""
+    (boundary_bytes) for every micro-batch of the step (pp_buffer). cp_buffer (cp_gathered_bytes):
+    the blocks an all-gather rotater holds while a layer's attention runs, added like the loss's
+    peak on the last stage though the two never coincide either (the same safe-side overcount);
+    its backward's fp32 gradient accumulators and send buffers (a few blocks more) are not
+    counted."""
     gpu, eff = cluster.gpu, cluster.efficiency
     head_precision = compute.outside_fp8(precision, eff)
     kinds, kind_index = _kinds(model)
@@ -612,7 +619,10 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
             "head_params": head.params_local, "head_tied": tied_head_params(model, base.tp),
             "head_saved": head.saved_bytes + (loss_bytes_per_logit - LOGIT_SAVED_BYTES) * head.logits,
             "head_kept": ACT_BYTES * head.logits if keeps_outputs else 0.0,
-            "pp_buffer": boundary_bytes(model, base) if keeps_buffers else 0.0,
+            # torchtitan's stage inputs and outputs are its layers' local tensors: Shard(1) under
+            # sequence parallelism, whole without
+            "pp_buffer": (boundary_bytes(model, base.seq_len, base.cp, base.micro_batch, base.tp if base.sp else 1)
+                          if keeps_buffers else 0.0),
             "cp_buffer": cp_gathered_bytes(_kinds(model)[0], base)}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
@@ -779,8 +789,10 @@ def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_sa
     """(weights, grads, optimizer, activations, other) bytes of a stage: the states of its dense
     parameters sharded over the dp*cp group and of its experts over the expert data-parallel
     group (ZeRO; `grad_bytes` a gradient element, dp_grad_bytes), the activations of
-    its in-flight micro-batches (`saved` per micro-batch) plus the head's and a recomputed
-    layer's rebuild buffer, and what the runtime adds (with ZeRO-3's prefetched layers). Arrays
+    its in-flight micro-batches (`saved` per micro-batch) plus what the stage holds once
+    (`head_saved`, stage_ends: the head's, the runtime's pipeline and context-parallel buffers)
+    and a recomputed layer's rebuild buffer, and what the runtime adds (with ZeRO-3's prefetched
+    layers). Arrays
     broadcast, zero included. With an fp8 parameter gather the weights are still counted at
     16 bits: their fp8 copy plus, on Hopper, the transposed copy the backward's GEMMs take."""
     wd, gd, od = memory.state_bytes(dense, zero, shards, grad_bytes)
