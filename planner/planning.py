@@ -31,14 +31,36 @@ SWEEP_CHUNK = 8
 balance the processes better"""
 
 
+HOST_BOUND_LAYER_S = 9e-3
+"""The GPU time of a layer and micro-batch under which published dropless MoE runs on Megatron-Core
+(runtimes.RuntimeRules.dropless_host_sync) ran at the host's pace rather than the GPU's:
+Megatron-Bridge's archive has Qwen3-30B-A3B at micro-batch 1 at 8.8 ms a layer on 8 B200s (26.02)
+and 9.5 ms on 16 H100s (26.04.01), where the cost model prices 3.4 and 6.5 ms of GPU work, while
+the B200 recipe at micro-batch 4 (12.6 ms a layer, 12.3 priced) follows the GPU (check_runs.yaml).
+The threshold of a note, not a price: no time is added and nothing is fitted on those rows."""
+
+
+def _layer_s(est) -> float:
+    """The shortest of a plan's stages' time per layer and micro-batch (0 without layers)."""
+    return min((st.time_per_microbatch_s / st.layers for st in est.stages if st.layers), default=0.0)
+
+
 def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes: float = 0.0,
-           proven_optimal: bool = True, mfu: float = 0.0) -> list[str]:
-    """What a reader of the plan must know about how far to trust it."""
+           proven_optimal: bool = True, mfu: float = 0.0, layer_s: float = 0.0) -> list[str]:
+    """What a reader of the plan must know about how far to trust it; `layer_s` (_layer_s) the
+    plan's shortest time per layer and micro-batch."""
     notes = []
     if model.moe is not None and setup.moe_imbalance == 1.0:
         notes.append(f"{model.name}: expert routing priced balanced, every expert-parallel rank an equal share of the "
                      "tokens (as the published benchmarks force it); `--moe-imbalance F` prices the busiest rank at F "
                      "times its share")
+    rules = RUNTIME_RULES.get(setup.runtime)
+    if model.moe is not None and rules is not None and rules.dropless_host_sync and 0.0 < layer_s < HOST_BOUND_LAYER_S:
+        notes.append(f"{model.name}: {layer_s * 1e3:.1f} ms of GPU work a layer and micro-batch; {setup.runtime}'s "
+                     "dropless routing waits for the host every MoE layer, and published runs with layers under "
+                     f"{HOST_BOUND_LAYER_S * 1e3:.0f} ms ran at the host's pace (Qwen3-30B-A3B at micro-batch 1 on H100 "
+                     "and B200: 32-61 % slower than this cost model predicts, which leaves the host's time unpriced); "
+                     "a larger micro-batch amortises it")
     warning = mfu_warning(cluster.gpu.name, setup.precision, mfu)
     if warning:
         notes.append(warning)
@@ -147,7 +169,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
         notes.append("no supported runtime runs this strategy (" + "; ".join(refused) + "): priced in the ideal space")
     else:
         _, _, setup, strategy, est = min(priced, key=lambda x: x[:2])
-    notes = _notes(model, cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu) + notes
+    notes = _notes(model, cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu, layer_s=_layer_s(est)) + notes
     if union and not builds(model):
         notes.append(_unbuilt_note(model))
     return _with_runtimes(_requested(options, build_plan(model, cluster, setup, strategy, est, constraints,
@@ -222,7 +244,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
                                               best.step_time_s, cap, name if union and built else None))
     notes = _notes(model, cluster, setup, proven_optimal=rule_proven and all(r.proven_optimal for _, r in searched.values()),
-                   mfu=est.mfu)
+                   mfu=est.mfu, layer_s=_layer_s(est))
     if union and not built:
         notes.append(_unbuilt_note(model))
     elif name == "ideal":

@@ -277,6 +277,14 @@ class RuntimeRules:
     FP32GradientAccumulator (v0.4 optim/gradient_accumulator.py, fp32_grad.add_(half_param.grad),
     10 bytes) runs where the optimizer config's accumulate_grad_in_fp32 says, a key the export
     leaves to the user"""
+    dropless_host_sync: bool = False
+    """its dropless MoE routing copies each MoE layer's per-expert token counts to the host before
+    the expert GEMMs, so the GPU then waits for the host to launch the rest of the layer:
+    Megatron-Core's token_dispatcher.py (_maybe_dtoh_and_synchronize under the all-to-all
+    dispatcher, the HybridEP path's tokens_per_expert sum) and TEGroupedMLP's
+    tokens_per_expert.tolist() (experts.py). The host's time is not priced (no measurement of it
+    yet: hardware/measure/moe_host.py); plans whose MoE layers are short say so
+    (planning.HOST_BOUND_LAYER_S)"""
     ep_overlap: bool = False
     """can overlap the expert all-to-alls of one micro-batch with the computation of another
     (Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm; priced by
@@ -387,7 +395,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                              # validate_args: "Expert parallelism is not supported with fp16 training."
                              ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True,
-                             moe_folding=True, ends_accounted=True, pool_stages="same_library",
+                             moe_folding=True, ends_accounted=True, pool_stages="same_library", dropless_host_sync=True,
                              # arguments.py: --grad-reduce-in-bf16, --fp8-param-gather (Megatron-LM 000c4ac)
                              grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
                              # --num-distributed-optimizer-instances (megatron-core parallel_state:

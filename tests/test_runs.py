@@ -285,3 +285,27 @@ def test_validate_sums_up_the_predicted_peaks_against_the_published_ones():
     assert out["runs"] == 3 and out["under_5_percent"] == 2 and out["within_10_percent"] == 2
     assert out["mape"] == pytest.approx(0.10) and out["bias"] == pytest.approx(-0.22 / 3)
     assert _memory([{}]) == {"runs": 0}
+
+
+@pytest.mark.parametrize("micro_batch, noted", [(1, True), (4, False)])
+def test_a_plan_of_short_dropless_moe_layers_says_the_host_may_set_the_pace(micro_batch, noted):
+    """Megatron-Core's dropless routing waits for the host every MoE layer (RuntimeRules
+    .dropless_host_sync): a plan whose layers take under planning.HOST_BOUND_LAYER_S of GPU work a
+    micro-batch says so. Qwen3-30B-A3B on 8 B200s at micro-batch 1 (3.4 ms priced; the archive's
+    run took 8.8) is noted, at micro-batch 4 (12.3 ms priced) not; the same plan under a
+    runtime without the sync (the ideal space) is not."""
+    from planner import make_plan
+    from planner.spec.training import RunOptions
+
+    run = {r.id: r for r in load_runs(CHECKS)}["mbridge2602-qwen3-30b-a3b-b200-8gpu-mxfp8"]
+    constraints = {"tp": 1, "pp": 1, "cp": 1, "ep": 8, "micro_batch": micro_batch, "recompute": "none"}
+
+    def notes(runtime):
+        doc = make_plan(run.model, run.cluster, gpus=8, global_batch=512, seq_len=4096, precision="fp8",
+                        runtime=runtime, constraints=constraints, top=0, memory_headroom=0.0,
+                        options=RunOptions(fp8_recipe="mxfp8") if runtime == "megatron" else RunOptions())
+        return [n for n in doc["notes"] if "host's pace" in n]
+
+    assert bool(notes("megatron")) == noted
+    if noted:
+        assert not notes("ideal")
