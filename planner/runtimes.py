@@ -285,6 +285,16 @@ class RuntimeRules:
     tokens_per_expert.tolist() (experts.py). The host's time is not priced (no measurement of it
     yet: hardware/measure/moe_host.py); plans whose MoE layers are short say so
     (planning.HOST_BOUND_LAYER_S)"""
+    kept_grad_bytes: tuple[tuple[str, float], ...] = ()
+    """bytes per parameter of autograd's own gradient that it keeps beside its gradient
+    accumulator from one micro-batch's backward to the next, per precision (kept_grad_bytes_of),
+    where the gradients stay whole on every rank (ZeRO <= 1): DeepSpeed's BF16_Optimizer frees the
+    16-bit .grad only when the next backward starts (38327e07f bf16_optimizer.py backward:
+    clear_lp_grads, loss.backward, update_hp_grads with clear_lp_grads False; the pipeline engine
+    the same around _exec_backward_pass), so every forward but a step's first runs beside the
+    stage's 16-bit gradients as well as its fp32 ones: 2 bytes a parameter (cost/step.stage_memory
+    adds them to the gradients). () where autograd's gradient is the accumulator itself (Megatron's
+    main_grad, FSDP's, autograd's own add in Megatron-LM of 2021)"""
     ep_overlap: bool = False
     """can overlap the expert all-to-alls of one micro-batch with the computation of another
     (Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm; priced by
@@ -301,6 +311,14 @@ class RuntimeRules:
         ZeRO-1 (the gradients are reduce-scattered and accumulate as shards) or where the record
         names no figure for the precision."""
         return dict(self.grad_accum_bytes).get(precision, 0.0) if zero <= 1 else 0.0
+
+    def kept_grad_bytes_of(self, precision: str, zero):
+        """kept_grad_bytes for a run in `precision` at priced ZeRO stage `zero` (elementwise over
+        an array): 0 above ZeRO-1, where the gradients are shards, or without a figure."""
+        per_param = dict(self.kept_grad_bytes).get(precision, 0.0)
+        if np.ndim(zero):
+            return np.where(np.less_equal(zero, 1), per_param, 0.0)
+        return per_param if zero <= 1 else 0.0
 
     def priced_zero(self, zero, pp):
         """The ZeRO stage whose traffic and memory a plan's `zero` has under this runtime with
@@ -421,7 +439,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                               # shards its fp32 states as ZeRO-1 does (BLOOM's ZERO_STAGE=0, its row's zero 1);
                               # under ZeRO-1 it runs with data_types grad_accum_dtype fp32, which the export
                               # writes (export/deepspeed.py)
-                              grad_accum_bytes=(("bf16", 18.0),)),
+                              grad_accum_bytes=(("bf16", 18.0),), kept_grad_bytes=(("bf16", 2.0),)),
     "torchtitan": RuntimeRules((0, 3), (0, 3), True, False, "any", "all", True, True,
                                "torchtitan 0.3.0 (0.2.x: torchtitan@0.2): FSDP2 (ZeRO-3), or DDP replication when dp is the only parallelism; "
                                "activation checkpointing of every layer or none; no fp16 mixed precision",
@@ -495,7 +513,7 @@ RUNTIME_RULES["megatron@2021"] = replace(
          "gradient accumulation fusion (83b1e42f3, merged 2022-02-22), so autograd adds each micro-batch's "
          "gradients into the 16-bit .grad")
 RUNTIME_RULES["deepspeed@2021"] = replace(
-    RUNTIME_RULES["deepspeed"], grad_accum_bytes=(),
+    RUNTIME_RULES["deepspeed"], grad_accum_bytes=(), kept_grad_bytes=(),
     note="DeepSpeed of 2021 as Megatron-DeepSpeed ran MT-NLG 530B in bf16 with its pipeline engine, before the "
          "public bf16 pipeline path (BF16_Optimizer with the pipeline engine: microsoft/DeepSpeed 56c522386, #1801, "
          "2022-04-19; public bf16 began with ZeRO-2's, 648f7bfa5, 2021-11-01): how it accumulated gradients "

@@ -883,6 +883,36 @@ def test_torch_context_parallel_moves_the_expanded_kv_and_holds_the_gathered_blo
     assert estimate(model, cluster, setup["ringed"], alone) == estimate(model, cluster, setup["torchtitan@2024-12-compiled"], alone)
 
 
+@pytest.mark.parametrize("precision, zero, pp, per_param", [
+    ("bf16", 1, 2, 2.0),   # BF16_Optimizer under the pipeline engine: the 16-bit .grad kept to the next backward
+    ("bf16", 0, 1, 2.0),
+    ("bf16", 2, 1, 0.0),   # ZeRO-2: sharded gradients, no BF16_Optimizer
+    ("fp16", 1, 2, 0.0),   # no figure for its fp16 optimizers
+])
+def test_the_16_bit_gradients_deepspeed_keeps_beside_its_fp32_ones(precision, zero, pp, per_param):
+    """DeepSpeed's BF16_Optimizer frees autograd's 16-bit gradients only when the next backward
+    starts (RuntimeRules.kept_grad_bytes): every stage holds them, 2 bytes a parameter, beside its
+    fp32 gradients, more than a twin record without them (deepspeed@2021); time is not touched by
+    it (the twins differ in time by their accumulation pass only, priced elsewhere)."""
+    from planner.cost import memory
+    from planner.runtimes import RUNTIME_RULES
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100-80g")
+
+    def priced(name):
+        setup = TrainingSetup(gpus=16, global_batch=64, seq_len=2048, precision=precision, runtime=name)
+        s = resolve_strategy({"dp": 16 // pp, "tp": 1, "pp": pp, "zero": zero, "micro_batch": 1,
+                              "recompute": "full"}, setup)
+        return estimate(model, cluster, setup, s)
+
+    kept, plain = priced("deepspeed"), priced("deepspeed@2021")
+    assert RUNTIME_RULES["deepspeed"].kept_grad_bytes_of(precision, zero) == per_param
+    for a, b in zip(kept.stages, plain.stages):
+        params = b.memory.weights / memory.WEIGHT_BYTES
+        assert a.memory.grads - b.memory.grads == pytest.approx(per_param * params, rel=1e-12)
+        assert (a.memory.weights, a.memory.optimizer, a.memory.activations) == (
+            b.memory.weights, b.memory.optimizer, b.memory.activations)
+
+
 @pytest.mark.parametrize("pp, vpp", [(2, 1), (4, 1), (4, 2)])
 def test_pipeline_buffers_of_every_micro_batch_where_the_runtime_keeps_them(monkeypatch, pp, vpp):
     """torch.distributed.pipelining holds, for every micro-batch of the step, each chunk's input
@@ -946,4 +976,5 @@ def test_gradient_accumulation_outside_the_gemms_adds_its_bytes_to_every_micro_b
         added = compute.memory_time_s(per_param * params, cluster.gpu, cluster.efficiency)
         assert a.time_per_microbatch_s - b.time_per_microbatch_s == pytest.approx(added, rel=1e-9, abs=1e-12)
     assert (with_pass.step_time_s > without.step_time_s) == (per_param > 0)
-    assert with_pass.memory == without.memory
+    # the twins' memory differs only by the 16-bit gradients the newer one keeps (kept_grad_bytes)
+    assert replace(with_pass.memory, grads=0.0) == replace(without.memory, grads=0.0)

@@ -758,7 +758,7 @@ def _memory_parts(prof: Profile, i, sums: dict, dense, saved, head_saved) -> tup
                         *state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard),
                         pipeline.in_flight(i, s.pp, prof.microbatches, s.vpp), saved, head_saved,
                         prof.transient_bytes * ((sums["n_rec"] > 0) | (s.recompute == "selective")), prof.prefetch_bytes,
-                        dp_grad_bytes(prof.setup.precision, prof.setup.grad_reduce))
+                        prof.setup)
 
 
 def stage_ends(first, last, params, saved, end, microbatches=1, vpp=1) -> tuple:
@@ -785,20 +785,24 @@ def stage_ends(first, last, params, saved, end, microbatches=1, vpp=1) -> tuple:
 
 
 def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,
-                 prefetch_bytes, grad_bytes: int) -> tuple:
+                 prefetch_bytes, setup: TrainingSetup) -> tuple:
     """(weights, grads, optimizer, activations, other) bytes of a stage: the states of its dense
     parameters sharded over the dp*cp group and of its experts over the expert data-parallel
-    group (ZeRO; `grad_bytes` a gradient element, dp_grad_bytes), the activations of
+    group (ZeRO; a gradient element of the setup's dp_grad_bytes), with the gradients its runtime
+    keeps beside them (RuntimeRules.kept_grad_bytes_of), the activations of
     its in-flight micro-batches (`saved` per micro-batch) plus what the stage holds once
     (`head_saved`, stage_ends: the head's, the runtime's pipeline and context-parallel buffers)
     and a recomputed layer's rebuild buffer, and what the runtime adds (with ZeRO-3's prefetched
     layers). Arrays
     broadcast, zero included. With an fp8 parameter gather the weights are still counted at
     16 bits: their fp8 copy plus, on Hopper, the transposed copy the backward's GEMMs take."""
+    grad_bytes = dp_grad_bytes(setup.precision, setup.grad_reduce)
     wd, gd, od = memory.state_bytes(dense, zero, shards, grad_bytes)
     we, ge, oe = memory.state_bytes(expert, zero, eshards, grad_bytes)
+    kept = RUNTIME_RULES[setup.runtime].kept_grad_bytes_of(setup.precision, zero) * (dense + expert)
     acts = in_flight * saved + head_saved + transient
-    return wd + we, gd + ge, od + oe, acts, memory.other_bytes(acts, memory.from_stage(zero, 3, prefetch_bytes, 0.0))
+    return (wd + we, gd + ge + kept, od + oe, acts,
+            memory.other_bytes(acts, memory.from_stage(zero, 3, prefetch_bytes, 0.0)))
 
 
 def replica_reduce_s(coll, grad_bytes: int, dense, replicas: float):

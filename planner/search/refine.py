@@ -379,7 +379,7 @@ class Refiner:
         expert = total("expert")
         return sum(stage_memory(self.zero[j].reshape(-1, *extra), dense, expert, self.shards[j].reshape(-1, *extra),
                                 self.eshards[j].reshape(-1, *extra), inflight, saved, head, transient, prefetch,
-                                dp_grad_bytes(self.setup.precision, self.setup.grad_reduce)))
+                                self.setup))
 
     def _fixed_groups(self, idx: np.ndarray):
         """(pp, vpp, positions in idx) of the fixed-split candidates, grouped."""
