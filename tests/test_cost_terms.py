@@ -883,6 +883,15 @@ def test_torch_context_parallel_moves_the_expanded_kv_and_holds_the_gathered_blo
     assert estimate(model, cluster, setup["ringed"], alone) == estimate(model, cluster, setup["torchtitan@2024-12-compiled"], alone)
 
 
+def _llama3_8b_on_16_a100(runtime: str, precision: str, zero: int, pp: int):
+    """Llama 3 8B on 16 A100s at dp 16/pp x pp, micro-batch 1, full recomputation, priced on `runtime`
+    (the twin-record tests of the gradient passes and buffers a runtime keeps)."""
+    setup = TrainingSetup(gpus=16, global_batch=64, seq_len=2048, precision=precision, runtime=runtime)
+    s = resolve_strategy({"dp": 16 // pp, "tp": 1, "pp": pp, "zero": zero, "micro_batch": 1, "recompute": "full"},
+                         setup)
+    return estimate(load_model("llama3-8b"), load_cluster("dgx-a100-80g"), setup, s)
+
+
 @pytest.mark.parametrize("precision, zero, pp, per_param", [
     ("bf16", 1, 2, 2.0),   # BF16_Optimizer under the pipeline engine: the 16-bit .grad kept to the next backward
     ("bf16", 0, 1, 2.0),
@@ -896,15 +905,8 @@ def test_the_16_bit_gradients_deepspeed_keeps_beside_its_fp32_ones(precision, ze
     it (the twins differ in time by their accumulation pass only, priced elsewhere)."""
     from planner.cost import memory
     from planner.runtimes import RUNTIME_RULES
-    model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100-80g")
 
-    def priced(name):
-        setup = TrainingSetup(gpus=16, global_batch=64, seq_len=2048, precision=precision, runtime=name)
-        s = resolve_strategy({"dp": 16 // pp, "tp": 1, "pp": pp, "zero": zero, "micro_batch": 1,
-                              "recompute": "full"}, setup)
-        return estimate(model, cluster, setup, s)
-
-    kept, plain = priced("deepspeed"), priced("deepspeed@2021")
+    kept, plain = (_llama3_8b_on_16_a100(name, precision, zero, pp) for name in ("deepspeed", "deepspeed@2021"))
     assert RUNTIME_RULES["deepspeed"].kept_grad_bytes_of(precision, zero) == per_param
     for a, b in zip(kept.stages, plain.stages):
         params = b.memory.weights / memory.WEIGHT_BYTES
@@ -961,15 +963,9 @@ def test_gradient_accumulation_outside_the_gemms_adds_its_bytes_to_every_micro_b
     identically. ZeRO-2/3 gradients are shards: nothing is added."""
     from planner.cost import compute, memory
     from planner.runtimes import RUNTIME_RULES
-    model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100-80g")
+    cluster = load_cluster("dgx-a100-80g")
 
-    def priced(name):
-        setup = TrainingSetup(gpus=16, global_batch=64, seq_len=2048, precision=precision, runtime=name)
-        s = resolve_strategy({"dp": 16 // pp, "tp": 1, "pp": pp, "zero": zero, "micro_batch": 1,
-                              "recompute": "full"}, setup)
-        return estimate(model, cluster, setup, s)
-
-    with_pass, without = priced(runtime), priced(twin)
+    with_pass, without = (_llama3_8b_on_16_a100(name, precision, zero, pp) for name in (runtime, twin))
     assert RUNTIME_RULES[runtime].grad_accum_bytes_of(precision, zero) == per_param
     for a, b in zip(with_pass.stages, without.stages):
         params = b.memory.weights / memory.WEIGHT_BYTES
