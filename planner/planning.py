@@ -58,9 +58,9 @@ def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool 
     if model.moe is not None and rules is not None and rules.dropless_host_sync and 0.0 < layer_s < HOST_BOUND_LAYER_S:
         notes.append(f"{model.name}: {layer_s * 1e3:.1f} ms of GPU work a layer and micro-batch; {setup.runtime}'s "
                      "dropless routing waits for the host every MoE layer, and published runs with layers under "
-                     f"{HOST_BOUND_LAYER_S * 1e3:.0f} ms ran at the host's pace (Qwen3-30B-A3B at micro-batch 1 on H100 "
-                     "and B200: 32-61 % slower than this cost model predicts, which leaves the host's time unpriced); "
-                     "a larger micro-batch amortises it")
+                     f"{HOST_BOUND_LAYER_S * 1e3:.0f} ms ran at the host's pace, slower than this cost model predicts, "
+                     "which leaves the host's time unpriced (Qwen3-30B-A3B at micro-batch 1 on H100 and B200: "
+                     "`planner validate` shows their errors); a larger micro-batch amortises it")
     warning = mfu_warning(cluster.gpu.name, setup.precision, mfu)
     if warning:
         notes.append(warning)

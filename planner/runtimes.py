@@ -53,6 +53,16 @@ width from its FeedForward rule: multiple_of * ceil(ffn_dim_multiplier * int(8 d
 multiple_of), multiplier 1.3, 1.3, 1.2 and multiple_of 1024, 4096, 4096). A test compares them
 with the installed package."""
 
+def whole_grads(figures: tuple[tuple[str, float], ...], precision: str, zero):
+    """A per-precision figure of a runtime's whole gradients (RuntimeRules.grad_accum_bytes,
+    kept_grad_bytes) at priced ZeRO stage `zero`, elementwise over an array: 0 above ZeRO-1, where
+    the gradients are reduce-scattered shards, or where the record names no figure."""
+    per_param = dict(figures).get(precision, 0.0)
+    if np.ndim(zero):
+        return np.where(np.less_equal(zero, 1), per_param, 0.0)
+    return per_param if zero <= 1 else 0.0
+
+
 CP_ROTATIONS = ("ring", "allgather")
 """how a runtime's context parallelism moves K and V (RuntimeRules.cp_rotation)"""
 
@@ -306,19 +316,13 @@ class RuntimeRules:
             return self.loss_parallel_bytes_per_logit
         return self.loss_bytes_per_logit
 
-    def grad_accum_bytes_of(self, precision: str, zero: int) -> float:
-        """grad_accum_bytes for a run in `precision` whose priced ZeRO stage is `zero`: 0 above
-        ZeRO-1 (the gradients are reduce-scattered and accumulate as shards) or where the record
-        names no figure for the precision."""
-        return dict(self.grad_accum_bytes).get(precision, 0.0) if zero <= 1 else 0.0
+    def grad_accum_bytes_of(self, precision: str, zero):
+        """grad_accum_bytes for a run in `precision` whose priced ZeRO stage is `zero` (whole_grads)."""
+        return whole_grads(self.grad_accum_bytes, precision, zero)
 
     def kept_grad_bytes_of(self, precision: str, zero):
-        """kept_grad_bytes for a run in `precision` at priced ZeRO stage `zero` (elementwise over
-        an array): 0 above ZeRO-1, where the gradients are shards, or without a figure."""
-        per_param = dict(self.kept_grad_bytes).get(precision, 0.0)
-        if np.ndim(zero):
-            return np.where(np.less_equal(zero, 1), per_param, 0.0)
-        return per_param if zero <= 1 else 0.0
+        """kept_grad_bytes for a run in `precision` whose priced ZeRO stage is `zero` (whole_grads)."""
+        return whole_grads(self.kept_grad_bytes, precision, zero)
 
     def priced_zero(self, zero, pp):
         """The ZeRO stage whose traffic and memory a plan's `zero` has under this runtime with
