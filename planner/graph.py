@@ -39,6 +39,10 @@ class Ctx:
     cp: int = 1
     ep: int = 1
     sp: bool = False
+    sp_saves_gathered: bool = False
+    """under sequence parallelism the column-parallel GEMMs keep their all-gathered input whole for
+    the weight gradient, not the sequence shard re-gathered in backward
+    (runtimes.RuntimeRules.sp_saves_gathered): the norm outputs then take tp times the shard"""
     recompute: str = "none"
     """recompute mode of this layer: none | selective (the attention core) | op (torchtitan's
     per-op policy, op_policy) | full"""
@@ -445,7 +449,8 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     """Activation bytes one layer keeps for backward (Korthikanti 2022 §4.1, per tensor).
 
     Replicated across tp unless sequence parallel (`rep` elements): both norm inputs and outputs
-    (= inputs of the QKV and first MLP GEMMs), two dropout masks. Sharded by tp: Q, K, V, the
+    (= inputs of the QKV and first MLP GEMMs), two dropout masks; the norm outputs stay whole
+    (tokens x hidden) where the runtime keeps the all-gathered GEMM input (ctx.sp_saves_gathered). Sharded by tp: Q, K, V, the
     attention output (input of the output projection), the MLP intermediates, and with eager
     attention the softmax output plus dropout mask and output (5*a*s^2*b bytes with dropout).
     Where the runtime keeps fp8 runs' GEMM inputs as their quantised copies (ctx.quantised_inputs)
@@ -462,7 +467,7 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
         return _op_saved(layer, ctx, tokens, rep, q_local, score_elems, expert_tokens)
     d = ctx.dropout > 0
     g = FP8_BYTES if ctx.quantised_inputs else ACT_BYTES
-    main = 2 * (ACT_BYTES + g) * rep + (2 * MASK_BYTES * rep if d else 0)
+    main = 2 * ACT_BYTES * rep + 2 * g * _gemm_input(ctx, tokens, layer.hidden, rep) + (2 * MASK_BYTES * rep if d else 0)
     main += ACT_BYTES * tokens * (q_local * layer.d_qk + kv_local * (layer.d_qk + layer.d_v))
     kept_by_core = ACT_BYTES if ctx.flash else 0  # eager attention's backward needs its probabilities, not O
     main += (kept_by_core + g if ctx.quantised_inputs else ACT_BYTES) * tokens * q_local * layer.d_v
@@ -481,6 +486,15 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     stats = (8 if layer.norm == "layernorm" else 4) * 2 * tokens / (ctx.tp if ctx.sp else 1)
     lse = _lse_bytes(ctx, tokens, q_local)
     return Saved(main=main, aux=stats + lse)
+
+
+def _gemm_input(ctx: Ctx, tokens: float, hidden: int, rep: float) -> float:
+    """Elements of a norm's output that its column-parallel GEMMs keep for backward: the sequence
+    shard `rep` (Megatron-Core's and Transformer Engine's linears under sequence parallelism save
+    their local input and all-gather it again in backward), or the all-gathered tokens x hidden
+    where ctx.sp_saves_gathered (DTensor's PrepareModuleInput redistributes Shard(1) to Replicate
+    before the linears, whose matmul then saves the gathered tensor)."""
+    return tokens * hidden if ctx.sp_saves_gathered else rep
 
 
 EAGER_NORM_EXTRA_BYTES = 4
@@ -623,7 +637,9 @@ LOSSES = {
 
 
 def head_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
-    """Final norm, LM-head GEMM 2*b*s*h*V (Korthikanti 2022 App. A), vocab-parallel cross entropy."""
+    """Final norm, LM-head GEMM 2*b*s*h*V (Korthikanti 2022 App. A), vocab-parallel cross entropy.
+    The norm's input and output are kept, the output whole where the head GEMM keeps its
+    all-gathered input (_gemm_input)."""
     if spec.is_graph:
         return EndWork(0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     tokens = ctx.micro_batch * ctx.seq_len / ctx.cp
@@ -634,7 +650,7 @@ def head_work(spec: ModelSpec, ctx: Ctx) -> EndWork:
     own_head = 0 if spec.tied_embeddings else v * h
     return EndWork(gemm_flops=2 * tokens * h * v / ctx.tp, gemm_intensity=intensity(tokens, v / ctx.tp, h),
                    elementwise_bytes=3 * 4 * ACT_BYTES * rep + LOGIT_RW_BYTES * logits,
-                   saved_bytes=2 * ACT_BYTES * rep + LOGIT_SAVED_BYTES * logits,
+                   saved_bytes=ACT_BYTES * (rep + _gemm_input(ctx, tokens, h, rep)) + LOGIT_SAVED_BYTES * logits,
                    # a tied head still needs its copy of the embedding on the last stage (pp > 1)
                    params_local=norm + v * h / ctx.tp, params_total=norm + own_head,
                    model_flops=2 * ctx.micro_batch * ctx.seq_len * h * v, tp_message_bytes=0.0, logits=logits)

@@ -233,6 +233,16 @@ class RuntimeRules:
     parallelism moves them at that size: torchtitan 9dec370's Attention.forward (repeat_kv before
     F.scaled_dot_product_attention, compiled or not, which torch's context_parallel replaces with
     its ring attention); since 0.2 it passes enable_gqa and keeps them at the KV heads"""
+    sp_saves_gathered: bool = False
+    """under sequence parallelism its column-parallel GEMMs (the QKV and first MLP projections, the
+    LM head) keep their all-gathered input, tokens x hidden, for the weight gradient (graph
+    ._gemm_input): torchtitan's tensor parallelism is DTensor's, where PrepareModuleInput
+    redistributes each norm's Shard(1) output to Replicate before the linears and their matmul saves
+    that (9dec370 parallelisms/parallelize_llama.py apply_tp; 0.3.0 the same plan; under float8
+    torchao's PrepareFloat8ModuleInput gathers it in fp8, eab345c float8_tensor_parallel.py),
+    counted with DTensor on two CPU ranks in tests/test_torch_oracle.py. Megatron-Core's and
+    Transformer Engine's linears save the sequence shard and gather it again in backward
+    (Korthikanti et al. 2022 §4.2.2)"""
     zero_with_experts: tuple[int, ...] = (0, 1, 2, 3)
     """the ZeRO stages it runs a model with experts in (zeros)"""
     fp8_saves_quantised: bool = False
@@ -451,7 +461,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                                # torchao Float8LinearConfig's default recipe: dynamic per-tensor scaling
                                fp8_recipes=("tensorwise",),
                                models=TORCHTITAN_MODELS, pp_defers_sharding=True, pp_buffers_per_microbatch=True,
-                               cp_rotation="allgather",
+                               cp_rotation="allgather", sp_saves_gathered=True,
                                loss_bytes_per_logit=12.0,
                                # under tp its lm_head leaves the logits vocabulary-sharded (0.3.0
                                # models/common/decoder_sharding.py: out S(-1)), so the loss is its

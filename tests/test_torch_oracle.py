@@ -924,6 +924,152 @@ def test_torchtitans_eager_layer_keeps_what_the_graph_counts(runtime):
     assert measured == pytest.approx(eager, rel=0.01), _ratio(measured, eager)
 
 
+class _TorchtitanTPAttention(nn.Module):
+    """9dec370's Attention with repeat_kv, its head counts read off the local tensors (under
+    tensor parallelism each rank holds heads / tp of them)."""
+
+    def __init__(self, h: int, heads: int, kv_heads: int):
+        super().__init__()
+        self.d, self.rep = h // heads, heads // kv_heads
+        self.wq, self.wk = nn.Linear(h, heads * self.d, bias=False), nn.Linear(h, kv_heads * self.d, bias=False)
+        self.wv, self.wo = nn.Linear(h, kv_heads * self.d, bias=False), nn.Linear(heads * self.d, h, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (w(x).view(b, s, -1, self.d) for w in (self.wq, self.wk, self.wv))
+        kv = k.shape[2]
+        k = k.unsqueeze(3).expand(b, s, kv, self.rep, self.d).reshape(b, s, kv * self.rep, self.d)
+        v = v.unsqueeze(3).expand(b, s, kv, self.rep, self.d).reshape(b, s, kv * self.rep, self.d)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(o.transpose(1, 2).contiguous().view(b, s, -1))
+
+
+class _TorchtitanTPFeedForward(nn.Module):
+    def __init__(self, h: int, f: int):
+        super().__init__()
+        self.w1, self.w3, self.w2 = nn.Linear(h, f, bias=False), nn.Linear(h, f, bias=False), nn.Linear(f, h, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class _TorchtitanTPBlock(nn.Module):
+    """9dec370's TransformerBlock uncompiled (eager RMSNorm, SwiGLU and repeat_kv), its modules
+    named as apply_tp's plan names them."""
+
+    def __init__(self, h: int, heads: int, kv_heads: int, f: int):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = _TorchtitanEagerRMSNorm(h), _TorchtitanEagerRMSNorm(h)
+        self.attention, self.feed_forward = _TorchtitanTPAttention(h, heads, kv_heads), _TorchtitanTPFeedForward(h, f)
+
+    def forward(self, x):
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+def _saved_under_torchtitans_tp(rank: int, world: int, store: str, h: int, heads: int, kv_heads: int, f: int,
+                                vocab: int) -> dict:
+    """Bytes autograd saves on one rank of a tp group of `world` (gloo on CPU) for a block and for
+    the final norm with the LM head, parallelized by the plan torchtitan 9dec370's apply_tp gives
+    them under sequence parallelism (parallelisms/parallelize_llama.py): SequenceParallel norms,
+    PrepareModuleInput from Shard(1) to Replicate before the column-parallel linears, the
+    row-parallel ones back to Shard(1); the head column-parallel from a Shard(1) input to
+    vocabulary-sharded logits. Parameters excluded; DTensors counted by their local tensors."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module)
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        torch.manual_seed(0)
+        block = _TorchtitanTPBlock(h, heads, kv_heads, f).to(torch.bfloat16)
+        parallelize_module(block, mesh, {
+            "attention_norm": SequenceParallel(), "attention": gather,
+            **{f"attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")},
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(), "feed_forward": gather,
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1))})
+        head = nn.ModuleDict({"norm": RMSNorm(h), "output": nn.Linear(h, vocab, bias=False)}).to(torch.bfloat16)
+        parallelize_module(head, mesh, {"norm": SequenceParallel(), "output": ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)})
+
+        def local(t):
+            return t._local_tensor if isinstance(t, DTensor) else t
+
+        def saved(module, fn):
+            params = _storages(local(p) for p in module.parameters())
+            seen = {}
+
+            def pack(t):
+                st = local(t).untyped_storage()
+                if st.data_ptr() not in params:
+                    seen.setdefault(st.data_ptr(), st.nbytes())
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = fn()
+            (out.to_local() if isinstance(out, DTensor) else out).float().sum().backward()
+            return sum(seen.values())
+
+        x = torch.randn(MB, SEQ // world, h, dtype=torch.bfloat16, requires_grad=True)
+        return {"block": saved(block, lambda: block(x)),
+                "head": saved(head, lambda: head["output"](head["norm"](x)))}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torchtitans_sequence_parallelism_keeps_the_gathered_gemm_inputs(tmp_path):
+    """Under torchtitan's tensor parallelism (DTensor's) the QKV, first MLP and LM-head linears
+    keep the all-gathered norm output, tokens x hidden, where Megatron's keep the sequence shard:
+    two CPU ranks (gloo) run 9dec370's plan, PyTorch's saved-tensor hooks count what one keeps,
+    and the graph counts it from the record (RuntimeRules.sp_saves_gathered)."""
+    import json
+    import subprocess
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+
+    from planner.cost.step import layer_ctx
+    from planner.runtimes import RUNTIME_RULES
+    from planner.spec.training import TrainingSetup
+
+    h, heads, kv, f, vocab, tp = H, 8, 4, 688, 2048, 2
+    args = f"{tmp_path / 'store'!s}', {h}, {heads}, {kv}, {f}, {vocab}"
+    script = ("import json, sys; sys.path.insert(0, {tests!r}); from test_torch_oracle import "
+              "_saved_under_torchtitans_tp as run; print(json.dumps(run({rank}, {tp}, '{args})))")
+    ranks = [subprocess.Popen([sys.executable, "-c", script.format(tests=str(Path(__file__).parent), rank=r,
+                                                                      tp=tp, args=args)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(tp)]
+    outs = [r.communicate(timeout=300) for r in ranks]
+    assert all(r.returncode == 0 for r in ranks), [err for _, err in outs]
+    measured = json.loads(outs[0][0].strip().splitlines()[-1])
+
+    spec = ModelSpec(name="llama", layers=1, hidden=h, heads=heads, kv_heads=kv, ffn_hidden=f, vocab=vocab,
+                     ffn_act="swiglu", norm="rmsnorm", position_embedding="rope", seq_len=SEQ)
+    assert not RUNTIME_RULES["megatron"].sp_saves_gathered
+    setup = TrainingSetup(gpus=tp, global_batch=MB, seq_len=SEQ, runtime="torchtitan@2024-12")
+    ctx = layer_ctx(spec, setup, tp=tp, cp=1, ep=1, micro_batch=MB, sequence_parallel=True)
+    counted = {}
+    for keeps in (True, False):
+        at = replace(ctx, sp_saves_gathered=keeps)
+        head = head_work(spec, at)
+        counted[keeps] = (layer_work(build_layers(spec)[0], at).saved.total,
+                          head.saved_bytes - LOGIT_SAVED_BYTES * head.logits)
+    assert ctx.sp_saves_gathered
+    block, head = counted[True]
+    assert measured["block"] == pytest.approx(block, rel=0.01), _ratio(measured["block"], block)
+    assert measured["head"] == pytest.approx(head, rel=0.01), _ratio(measured["head"], head)
+    # what keeping the shard (Megatron's way) would save instead: a gathered copy is tp shards
+    shard = 2 * MB * SEQ * h / tp
+    assert block - counted[False][0] == pytest.approx(2 * (tp - 1) * shard)
+    assert head - counted[False][1] == pytest.approx((tp - 1) * shard)
+
+
 def test_gradient_accumulation_passes_move_their_records_bytes():
     """What accumulating one micro-batch's gradients costs per parameter outside the GEMMs
     (RuntimeRules.grad_accum_bytes): DeepSpeed's BF16_Optimizer.update_hp_grads, verbatim in its

@@ -468,6 +468,7 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
     """The shape one micro-batch takes on one GPU under these degrees (no recomputation)."""
     rules = RUNTIME_RULES[setup.runtime]
     return Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
+               sp_saves_gathered=sequence_parallel and tp > 1 and rules.sp_saves_gathered,
                flash=setup.attention == "flash", dropout=model.dropout, folded=setup.expert_tp(tp, model) < tp,
                quantised_inputs=setup.precision == "fp8" and rules.fp8_saves_quantised,
                eager_swiglu=rules.eager_swiglu, eager_norm_bytes=rules.eager_norm_bytes,
