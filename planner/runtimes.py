@@ -250,10 +250,13 @@ class RuntimeRules:
     forward GEMM read (1 byte an element; graph._saved) rather than in 16 bits: Transformer
     Engine's Linear saves `inputmat` (the fp8 cast, or its fp8 transpose) unless the recipe keeps
     wgrad in high precision (transformer_engine/pytorch/module/linear.py, _Linear.forward at
-    0004dbd; its 2.x modules save the quantised tensor the same way); torchao's Float8Linear, which
-    torchtitan runs, saves the 16-bit input and casts again in backward
-    (torchao/float8/float8_linear.py matmul_with_hp_or_float8_args: ctx.save_for_backward(input_hp,
-    weight_hp_t))"""
+    0004dbd; its 2.x modules save the quantised tensor the same way). torchao's Float8Linear, which
+    torchtitan runs, saves the input it is given since pytorch/ao 2ec9bc15d (#1461, 2025-01-13:
+    matmul_with_hp_or_float8_args, ctx.save_for_backward(input_hp, weight_hp_t)), the 16-bit one
+    (under tp its fp8 gather, an overcount of 1 byte an element); before, under tensorwise scaling,
+    its fp8 cast (eab345c, torchtitan 9dec370's torchao: manual_float8_matmul_with_args_in_float8
+    saves input_fp8, weight_fp8_t), one per norm output once compiled (AOTAutograd's
+    common-subexpression elimination merges the QKV linears' casts of one input)"""
     ends_accounted: bool = False
     """its equal virtual chunks may count the embedding and the loss as a layer each, leaving the
     first and the last chunk one layer short (Megatron's --account-for-embedding-in-pipeline-split
@@ -501,13 +504,17 @@ RUNTIME_RULES["torchtitan@2024-04"] = replace(
 # Inductor keeps the unexpanded tensors and recomputes the copy is not measured
 RUNTIME_RULES["torchtitan@2024-12-compiled"] = replace(
     RUNTIME_RULES["torchtitan"], eager_swiglu=False, eager_rope_bytes=None, pp_keeps_outputs=True, cp_expanded_kv=True,
+    fp8_saves_quantised=True,
     note="torchtitan of December 2024 (9dec370, the configs of docs/performance.md at d4c86e375) with "
          "torch.compile of its TransformerBlocks (the norms, rotary embeddings and SwiGLU fused; the loss not "
          "compiled) and, under tp, torch's "
          "DTensor loss_parallel (parallel_dims.loss_parallel_enabled: tp > 1 unless disable_loss_parallel)")
+# fp8_saves_quantised off: uncompiled, each Float8Linear casts its input itself and saves its own
+# fp8 copy, three of the attention norm's output and two of the MLP's (5 bytes an element, where the
+# 16-bit count gives 4 and the quantised one 2); under tp one fp8 gather precedes them (2)
 RUNTIME_RULES["torchtitan@2024-12"] = replace(
     RUNTIME_RULES["torchtitan@2024-12-compiled"], eager_norm_bytes=(36.0, 92.0), eager_swiglu=True, expanded_kv=True,
-    eager_rope_bytes=RUNTIME_RULES["torchtitan"].eager_rope_bytes,
+    eager_rope_bytes=RUNTIME_RULES["torchtitan"].eager_rope_bytes, fp8_saves_quantised=False,
     note="torchtitan of December 2024 without torch.compile (9dec370, the configs of docs/performance.md at "
          "d4c86e375: norm_type 'rmsnorm', torchtitan/models/norms.py's eager RMSNorm; loss_parallel under tp)")
 RUNTIME_RULES["torchtitan@compile"] = replace(
