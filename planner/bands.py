@@ -55,6 +55,18 @@ class Residual:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryResidual:
+    """One out-of-sample error of a predicted peak against a published one (predicted / published
+    - 1): the runtime family that ran it (the record name before any @version), whether it ran
+    pipeline stages, the document it comes from."""
+
+    runtime: str
+    pipelined: bool
+    document: str
+    error: float
+
+
+@dataclass(frozen=True, slots=True)
 class Band:
     low: float
     """10th percentile of a new run's signed error (negative: the model predicts faster than measured)"""
@@ -129,15 +141,50 @@ def _abs_t_cdf(t: float, dof: int) -> float:
     return 2 / math.pi * (theta + (math.sin(theta) * total if dof > 1 else 0.0))
 
 
-def residuals_json(residuals: list[Residual]) -> str:
+def residuals_json(residuals: list[Residual], memory: list[MemoryResidual]) -> str:
+    """The document `planner validate --save-residuals` writes: the step-time and the memory
+    residuals, each sorted."""
     from planner.plan import rounded
     rows = sorted((asdict(r) for r in residuals), key=lambda r: (r["gpu"], r["document"], r["error"]))
-    return json.dumps(rounded(rows), indent=1, sort_keys=True) + "\n"
+    peaks = sorted((asdict(r) for r in memory), key=lambda r: (r["runtime"], r["pipelined"], r["document"], r["error"]))
+    return json.dumps(rounded({"step_time": rows, "memory": peaks}), indent=1, sort_keys=True) + "\n"
 
 
 @lru_cache(maxsize=1)
+def _bundled() -> dict:
+    return json.loads(RESIDUALS.read_text())
+
+
 def bundled_residuals() -> tuple[Residual, ...]:
-    return tuple(Residual(**row) for row in json.loads(RESIDUALS.read_text()))
+    return tuple(Residual(**row) for row in _bundled()["step_time"])
+
+
+def bundled_memory_residuals() -> tuple[MemoryResidual, ...]:
+    return tuple(MemoryResidual(**row) for row in _bundled()["memory"])
+
+
+def runtime_family(runtime: str) -> str:
+    """A runtime record's family: its name before any @version."""
+    return runtime.split("@")[0]
+
+
+def memory_warning(runtime: str, pp: int, peak_bytes: float, gpu) -> str | None:
+    """A note when the published peaks of runs like this plan's (its runtime's family, with or
+    without pipeline stages: bundled_memory_residuals) ran above the cost model's by more than the
+    plan's GPU has room for: the plan's peak over (1 + the most negative such error) is more than
+    the GPU's memory."""
+    from planner.units import bytes_to_gib
+    pipelined = pp > 1
+    errors = [r.error for r in bundled_memory_residuals()
+              if r.runtime == runtime_family(runtime) and r.pipelined == pipelined]
+    worst = min(errors, default=0.0)
+    if worst >= 0.0 or peak_bytes / (1.0 + worst) <= gpu.memory_bytes:
+        return None
+    kind = "with pipeline stages" if pipelined else "without pipeline stages"
+    return (f"memory: published peaks of {runtime_family(runtime)} runs {kind} came out up to {-worst:.0%} above "
+            f"this cost model's ({len(errors)} runs, `planner validate`); at that, this plan's "
+            f"{bytes_to_gib(peak_bytes):.1f} GiB would be {bytes_to_gib(peak_bytes / (1.0 + worst)):.1f} GiB, more "
+            f"than the {bytes_to_gib(gpu.memory_bytes):.1f} GiB of {gpu.name}")
 
 
 def prediction_band(cluster) -> Band:

@@ -215,8 +215,8 @@ def validate(runs_file, no_loso, with_plans, as_json, residuals_file, plot_file)
     if residuals_file:
         from planner.bands import residuals_json
         from planner.plan import write_atomic
-        from planner.validate import residuals
-        write_atomic(residuals_file, residuals_json(residuals(result)))
+        from planner.validate import memory_residuals, residuals
+        write_atomic(residuals_file, residuals_json(residuals(result), memory_residuals(result)))
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:

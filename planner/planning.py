@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from planner.bands import mfu_warning
+from planner.bands import memory_warning, mfu_warning
 from planner.cost.memory import capacity_bytes
 from planner.cost.step import estimate, expert_fold
 from planner.errors import InfeasibleError, SpecError
@@ -46,9 +46,11 @@ def _layer_s(est) -> float:
 
 
 def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes: float = 0.0,
-           proven_optimal: bool = True, mfu: float = 0.0, layer_s: float = 0.0) -> list[str]:
+           proven_optimal: bool = True, mfu: float = 0.0, layer_s: float = 0.0, pp: int = 1,
+           peak_bytes: float = 0.0) -> list[str]:
     """What a reader of the plan must know about how far to trust it; `layer_s` (_layer_s) the
-    plan's shortest time per layer and micro-batch."""
+    plan's shortest time per layer and micro-batch, `pp` its pipeline stages and `peak_bytes` its
+    peak memory (bands.memory_warning)."""
     notes = []
     if model.moe is not None and setup.moe_imbalance == 1.0:
         notes.append(f"{model.name}: expert routing priced balanced, every expert-parallel rank an equal share of the "
@@ -64,6 +66,8 @@ def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool 
     warning = mfu_warning(cluster.gpu.name, setup.precision, mfu)
     if warning:
         notes.append(warning)
+    if fits and peak_bytes and (short := memory_warning(setup.runtime, pp, peak_bytes, cluster.gpu)):
+        notes.append(short)
     if isinstance(cluster.efficiency, LegacyEfficiency):
         notes.append(f"efficiencies of {cluster.name}: a version 1 block (seven free fractions, not grounded in "
                      "measured kernel figures); `planner calibrate` writes version 2")
@@ -169,7 +173,8 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
         notes.append("no supported runtime runs this strategy (" + "; ".join(refused) + "): priced in the ideal space")
     else:
         _, _, setup, strategy, est = min(priced, key=lambda x: x[:2])
-    notes = _notes(model, cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu, layer_s=_layer_s(est)) + notes
+    notes = _notes(model, cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu, layer_s=_layer_s(est),
+                   pp=strategy.pp, peak_bytes=est.peak_memory_bytes) + notes
     if union and not builds(model):
         notes.append(_unbuilt_note(model))
     return _with_runtimes(_requested(options, build_plan(model, cluster, setup, strategy, est, constraints,
@@ -244,7 +249,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
                                               best.step_time_s, cap, name if union and built else None))
     notes = _notes(model, cluster, setup, proven_optimal=rule_proven and all(r.proven_optimal for _, r in searched.values()),
-                   mfu=est.mfu, layer_s=_layer_s(est))
+                   mfu=est.mfu, layer_s=_layer_s(est), pp=best.strategy.pp, peak_bytes=est.peak_memory_bytes)
     if union and not built:
         notes.append(_unbuilt_note(model))
     elif name == "ideal":

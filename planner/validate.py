@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.bands import Residual, band
+from planner.bands import MemoryResidual, Residual, band, runtime_family
 from planner.calibrate import at_bound, fit
 from planner.spec.efficiency import Efficiency
 from planner.runs import Priced, Run, document, load_frozen, price_run
@@ -80,12 +80,16 @@ def _rows(priced) -> list[dict]:
                "error": p.error, "chosen": p.chosen, "fits": est.fits,
                "peak_memory_gib": bytes_to_gib(est.peak_memory_bytes), "mfu": est.mfu,
                "efficiency_source": p.run.cluster.efficiency.source.split(":")[0], "runtime": p.run.runtime}
-        measured_mem = p.run.measured.get("memory_gib")
-        if measured_mem:
-            row["measured_memory_gib"] = measured_mem
-            row["memory_error"] = bytes_to_gib(est.peak_memory_bytes) / measured_mem - 1.0
+        if p.run.measured.get("memory_gib"):
+            row["measured_memory_gib"] = p.run.measured["memory_gib"]
+            row["memory_error"] = memory_error(p)
         rows.append(row)
     return rows
+
+
+def memory_error(p: Priced) -> float:
+    """A priced run's predicted peak against the one its source publishes, predicted / published - 1."""
+    return bytes_to_gib(p.estimate.peak_memory_bytes) / p.run.measured["memory_gib"] - 1.0
 
 
 CHECK_LIMIT = 0.25
@@ -140,6 +144,13 @@ def residuals(v: Validation) -> list[Residual]:
     held = [p for _, p in v.loso or ()] + list(v.checks)
     return [Residual(gpu=p.run.cluster.gpu.name, family=p.run.cluster.gpu.family, document=document(p.run.source),
                      error=p.error) for p in held]
+
+
+def memory_residuals(v: Validation) -> list[MemoryResidual]:
+    """The checks' errors against the peaks their sources publish (measured.memory_gib)."""
+    return [MemoryResidual(runtime=runtime_family(p.run.runtime), pipelined=p.strategy.pp > 1,
+                           document=document(p.run.source), error=memory_error(p))
+            for p in v.checks if p.run.measured.get("memory_gib")]
 
 
 def _subsets(priced) -> dict:
