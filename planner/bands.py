@@ -34,6 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
+from planner.runtimes import runtime_family
+from planner.spec.hardware import Gpu
+from planner.units import bytes_to_gib
+
 RESIDUALS = Path(__file__).resolve().parent / "data" / "residuals.json"
 """the out-of-sample errors of the bundled runs, as `planner validate --save-residuals` writes them
 (a test keeps the file equal to what validate computes)"""
@@ -163,17 +167,12 @@ def bundled_memory_residuals() -> tuple[MemoryResidual, ...]:
     return tuple(MemoryResidual(**row) for row in _bundled()["memory"])
 
 
-def runtime_family(runtime: str) -> str:
-    """A runtime record's family: its name before any @version."""
-    return runtime.split("@")[0]
-
-
-def memory_warning(runtime: str, pp: int, peak_bytes: float, gpu) -> str | None:
+def memory_warning(runtime: str, pp: int, peak_bytes: float, gpu: Gpu) -> str | None:
     """A note when the published peaks of runs like this plan's (its runtime's family, with or
-    without pipeline stages: bundled_memory_residuals) ran above the cost model's by more than the
-    plan's GPU has room for: the plan's peak over (1 + the most negative such error) is more than
-    the GPU's memory."""
-    from planner.units import bytes_to_gib
+    without pipeline stages, of any schedule: bundled_memory_residuals) ran above the cost model's
+    by more than the plan's GPU has room for: with `worst` the most negative such error (predicted
+    / published - 1), the plan's peak / (1 + worst) is more than the GPU's memory. The note gives
+    how far above the model those peaks ran: 1 / (1 + worst) - 1."""
     pipelined = pp > 1
     errors = [r.error for r in bundled_memory_residuals()
               if r.runtime == runtime_family(runtime) and r.pipelined == pipelined]
@@ -181,7 +180,8 @@ def memory_warning(runtime: str, pp: int, peak_bytes: float, gpu) -> str | None:
     if worst >= 0.0 or peak_bytes / (1.0 + worst) <= gpu.memory_bytes:
         return None
     kind = "with pipeline stages" if pipelined else "without pipeline stages"
-    return (f"memory: published peaks of {runtime_family(runtime)} runs {kind} came out up to {-worst:.0%} above "
+    return (f"memory: published peaks of {runtime_family(runtime)} runs {kind} came out up to "
+            f"{1.0 / (1.0 + worst) - 1.0:.0%} above "
             f"this cost model's ({len(errors)} runs, `planner validate`); at that, this plan's "
             f"{bytes_to_gib(peak_bytes):.1f} GiB would be {bytes_to_gib(peak_bytes / (1.0 + worst)):.1f} GiB, more "
             f"than the {bytes_to_gib(gpu.memory_bytes):.1f} GiB of {gpu.name}")

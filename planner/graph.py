@@ -489,7 +489,8 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
 
 
 def _gemm_input(ctx: Ctx, tokens: float, hidden: int, rep: float) -> float:
-    """Elements of a norm's output that its column-parallel GEMMs keep for backward: the sequence
+    """Elements of a norm's output that the GEMMs reading it keep for backward (the column-parallel
+    projections, and a router's or an MLA down-projection's, unsplit, alike): the sequence
     shard `rep` (Megatron-Core's and Transformer Engine's linears under sequence parallelism save
     their local input and all-gather it again in backward), or the all-gathered tokens x hidden
     where ctx.sp_saves_gathered (DTensor's PrepareModuleInput redistributes Shard(1) to Replicate

@@ -45,12 +45,12 @@ def _layer_s(est) -> float:
     return min((st.time_per_microbatch_s / st.layers for st in est.stages if st.layers), default=0.0)
 
 
-def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool = True, need_bytes: float = 0.0,
-           proven_optimal: bool = True, mfu: float = 0.0, layer_s: float = 0.0, pp: int = 1,
-           peak_bytes: float = 0.0) -> list[str]:
-    """What a reader of the plan must know about how far to trust it; `layer_s` (_layer_s) the
-    plan's shortest time per layer and micro-batch, `pp` its pipeline stages and `peak_bytes` its
-    peak memory (bands.memory_warning)."""
+def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool = True, peak_bytes: float = 0.0,
+           proven_optimal: bool = True, mfu: float = 0.0, layer_s: float = 0.0, pp: int = 1) -> list[str]:
+    """What a reader of the plan must know about how far to trust it; `peak_bytes` the plan's peak
+    memory on `cluster`'s GPUs (what it needs where it does not fit; bands.memory_warning where it
+    does), `layer_s` (_layer_s) its shortest time per layer and micro-batch, `pp` its pipeline
+    stages."""
     notes = []
     if model.moe is not None and setup.moe_imbalance == 1.0:
         notes.append(f"{model.name}: expert routing priced balanced, every expert-parallel rank an equal share of the "
@@ -76,7 +76,7 @@ def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool 
     if not fits:
         room = (f" ({bytes_to_gib(cluster.gpu.memory_bytes):.1f} GiB less {setup.memory_headroom:.0%} kept free)"
                 if setup.memory_headroom else "")
-        notes.append(f"does not fit: needs {bytes_to_gib(need_bytes):.1f} GiB per GPU, {cluster.gpu.name} offers "
+        notes.append(f"does not fit: needs {bytes_to_gib(peak_bytes):.1f} GiB per GPU, {cluster.gpu.name} offers "
                      f"{bytes_to_gib(capacity_bytes(cluster, setup)):.1f} GiB{room}")
     if not proven_optimal:
         notes.append("a solver or DP iteration limit was hit: the plan is the best found, not proven optimal")
@@ -174,7 +174,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     else:
         _, _, setup, strategy, est = min(priced, key=lambda x: x[:2])
     notes = _notes(model, cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu, layer_s=_layer_s(est),
-                   pp=strategy.pp, peak_bytes=est.peak_memory_bytes) + notes
+                   pp=strategy.pp) + notes
     if union and not builds(model):
         notes.append(_unbuilt_note(model))
     return _with_runtimes(_requested(options, build_plan(model, cluster, setup, strategy, est, constraints,
@@ -640,7 +640,10 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
     proven = result.proven_optimal and all(d["search"]["proven_optimal"] for _, d in alone)
     width = best.strategy.tp * best.strategy.cp * best.strategy.dp
     mfu = pool_mfu(model, clusters, setup, best.strategy, best.stage_pool, est)
-    notes = [n for j in used for n in _notes(model, clusters[j], setup, proven_optimal=proven, mfu=mfu[j])]
+    # each pool's GPUs hold its own stages: the highest of their peaks
+    peaks = {j: max(st.memory.total for st, k in zip(est.stages, best.stage_pool) if k == j) for j in used}
+    notes = [n for j in used for n in _notes(model, clusters[j], setup, peak_bytes=peaks[j], proven_optimal=proven,
+                                             mfu=mfu[j], pp=best.strategy.pp)]
     union = request["runtime"] == SUPPORTED
     doc = build_plan(model, clusters[best.stage_pool[0]], setup, best.strategy, est, request["constraints"],
                      {"name": request.get("solver", "exact"), "time_limit_s": request.get("time_limit_s", 10.0)},
@@ -743,7 +746,9 @@ def _shares_plan(model: ModelSpec, cluster: MixedCluster, request: dict, shares,
     used = sum(sh.setup.gpus for sh, _, _ in priced)
     batch = request["global_batch"]
     setup = replace(lead.setup, gpus=used, global_batch=batch)
-    notes = [n for sh, pool, est in priced for n in _notes(model, pool.cluster, sh.setup, mfu=est.mfu)]
+    notes = [n for sh, pool, est in priced
+             for n in _notes(model, pool.cluster, sh.setup, peak_bytes=est.peak_memory_bytes, mfu=est.mfu,
+                             pp=sh.candidate.strategy.pp)]
     doc = build_plan(model, lead_pool.cluster, lead.setup, lead.candidate.strategy, lead_est, request["constraints"],
                      {"name": request.get("solver", "exact"), "time_limit_s": request.get("time_limit_s", 10.0)},
                      notes=list(dict.fromkeys(notes)))

@@ -234,8 +234,9 @@ class RuntimeRules:
     F.scaled_dot_product_attention, compiled or not, which torch's context_parallel replaces with
     its ring attention); since 0.2 it passes enable_gqa and keeps them at the KV heads"""
     sp_saves_gathered: bool = False
-    """under sequence parallelism its column-parallel GEMMs (the QKV and first MLP projections, the
-    LM head) keep their all-gathered input, tokens x hidden, for the weight gradient (graph
+    """under sequence parallelism the GEMMs after each norm (the column-parallel QKV and first MLP
+    projections, the LM head; a router or MLA down-projection, unsplit, reads the same gathered
+    tensor) keep their all-gathered input, tokens x hidden, for the weight gradient (graph
     ._gemm_input): torchtitan's tensor parallelism is DTensor's, where PrepareModuleInput
     redistributes each norm's Shard(1) output to Replicate before the linears and their matmul saves
     that (9dec370 parallelisms/parallelize_llama.py apply_tp; 0.3.0 the same plan; under float8
@@ -582,6 +583,11 @@ OLD_NAMES = {"any": "ideal"}
 def record_name(runtime: str) -> str:
     """The record a runtime name stands for (an old name read as its new one)."""
     return OLD_NAMES.get(runtime, runtime)
+
+
+def runtime_family(runtime: str) -> str:
+    """A runtime record's family: its NAME before any @VERSION (torchtitan@2024-12 -> torchtitan)."""
+    return runtime.split("@")[0]
 
 
 def builds(model) -> bool:

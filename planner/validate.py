@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.bands import MemoryResidual, Residual, band, runtime_family
+from planner.bands import MemoryResidual, Residual, band
 from planner.calibrate import at_bound, fit
 from planner.spec.efficiency import Efficiency
 from planner.runs import Priced, Run, document, load_frozen, price_run
+from planner.runtimes import runtime_family
 from planner.units import bytes_to_gib
 
 

@@ -326,10 +326,37 @@ def test_a_plan_near_capacity_says_where_published_peaks_ran_above_the_model():
     # just over and just under what the GPU holds at the worst error
     over, under = gpu.memory_bytes * (1 + worst) * 1.001, gpu.memory_bytes * (1 + worst) * 0.999
     note = memory_warning("torchtitan@0.2", 8, over, gpu)
-    assert note is not None and f"up to {-worst:.0%} above" in note and f"({len(piped)} runs" in note
+    # published = predicted / (1 + error): the peaks ran 1 / (1 + worst) - 1 above the model
+    assert note is not None and f"up to {1 / (1 + worst) - 1:.0%} above" in note and f"({len(piped)} runs" in note
     assert memory_warning("torchtitan", 8, under, gpu) is None
     # no published peak of a Megatron run: nothing to say
     assert memory_warning("megatron", 8, gpu.memory_bytes, gpu) is None
     # torchtitan without pipeline stages, judged on its own rows
     flat = min(r.error for r in bundled_memory_residuals() if r.runtime == "torchtitan" and not r.pipelined)
     assert (memory_warning("torchtitan", 1, gpu.memory_bytes * (1 + flat) * 1.001, gpu) is None) == (flat >= 0)
+
+
+def test_plans_and_estimates_carry_the_memory_note_of_their_runtime():
+    """The note reaches the plan document (planning._notes) on the estimate path, with the plan's
+    own peak: Llama 3 405B on 512 H100 with torchtitan's FSDP x TP 8 x PP 8 at micro-batch 4 peaks
+    within the GPU as priced, past it at the pipelined rows' worst error; the same degrees under
+    Megatron (its distributed optimizer: ZeRO 3 does not run under its pipeline stages), whose
+    runs publish no peak here, carry no such note."""
+    from planner.bands import bundled_memory_residuals
+    from planner.planning import estimate_plan
+    from planner.spec.hardware import load_cluster
+    from planner.spec.model import load_model
+
+    model, cluster = load_model("llama3-405b"), load_cluster("dgx-h100")
+    knobs = {"tp": 8, "pp": 8, "zero": 3, "micro_batch": 4, "recompute": "full"}
+    worst = min(r.error for r in bundled_memory_residuals() if r.runtime == "torchtitan" and r.pipelined)
+
+    def notes(runtime, zero=3):
+        doc = estimate_plan(model, cluster, 512, 512, 8192, "fp8", "flash", runtime, {**knobs, "zero": zero})
+        return doc, [n for n in doc["notes"] if n.startswith("memory: published peaks")]
+
+    doc, found = notes("torchtitan")
+    peak = doc["prediction"]["peak_memory_gib"]
+    assert peak * 2**30 <= cluster.gpu.memory_bytes < peak * 2**30 / (1 + worst)
+    assert len(found) == 1 and f"this plan's {peak:.1f} GiB" in found[0]
+    assert notes("megatron", zero=1)[1] == []
