@@ -300,6 +300,11 @@ def layer_params(layer: Layer) -> float:
     return w + b + norm + layer.experts * (ew + eb) + router
 
 
+def _expert_tp(ctx: Ctx) -> int:
+    """The experts' tensor parallelism: tp, or 1 under MoE parallel folding (Ctx.folded)."""
+    return 1 if ctx.folded else ctx.tp
+
+
 @lru_cache(maxsize=65536)
 def layer_work(layer: Layer, ctx: Ctx) -> Work:
     """Forward work of one layer for one micro-batch on one GPU (formulas in the module doc)."""
@@ -323,7 +328,7 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         quant[1 if l.norm_fed else 0] += tokens * k / (tp if ctx.sp and l.split == "col" else 1)
         quant[2] += tokens * n / (tp if ctx.sp and l.split == "row" else 1)
     expert_tokens = 0.0
-    etp = 1 if ctx.folded else tp
+    etp = _expert_tp(ctx)
     if layer.experts:
         # Balanced routing: each GPU of an expert-parallel group processes tokens*top_k*etp/tp
         # token-expert pairs, spread over its experts/ep local experts, their weights sharded by
@@ -450,9 +455,11 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
 
     Replicated across tp unless sequence parallel (`rep` elements): both norm inputs and outputs
     (= inputs of the QKV and first MLP GEMMs), two dropout masks; the norm outputs stay whole
-    (tokens x hidden) where the runtime keeps the all-gathered GEMM input (ctx.sp_saves_gathered). Sharded by tp: Q, K, V, the
-    attention output (input of the output projection), the MLP intermediates, and with eager
-    attention the softmax output plus dropout mask and output (5*a*s^2*b bytes with dropout).
+    (tokens x hidden) where the runtime keeps the all-gathered GEMM input (ctx.sp_saves_gathered).
+    Sharded by tp: Q, K, V, the attention output (input of the output projection), the MLP
+    intermediates, and with eager attention the softmax output plus dropout mask and output
+    (5*a*s^2*b bytes with dropout). An expert's routed input is its tp group's tokens, gathered
+    (whole where the experts keep tp, a 1/tp share under folding: _expert_tp).
     Where the runtime keeps fp8 runs' GEMM inputs as their quantised copies (ctx.quantised_inputs)
     those inputs take `g` = FP8_BYTES an element, else ACT_BYTES: both norm outputs (the QKV and
     first MLP inputs; the norms keep their inputs), the activation's output (the second MLP
@@ -479,8 +486,12 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     main += per_token_mlp * tokens * layer.ffn_width / ctx.tp
     if layer.experts:
         expert_width = layer.expert_linears[1].k
-        # routed token copies (expert inputs) and expert outputs kept for the routing-weight gradient
-        main += (g + ACT_BYTES) * expert_tokens * layer.hidden / ctx.tp
+        # routed token copies (expert inputs: every token of the experts' tp group, which the
+        # dispatcher all-gathers before the expert GEMMs: megatron-core 0.16.0 token_dispatcher.py,
+        # MoEAlltoAllTokenDispatcher's gather_from_sequence_parallel_region over expt_tp) and
+        # expert outputs, reduce-scattered back to the sequence shard, kept for the routing-weight
+        # gradient
+        main += (g * _expert_tp(ctx) + ACT_BYTES) * expert_tokens * layer.hidden / ctx.tp
         main += per_token_mlp * expert_tokens * expert_width / ctx.tp
     main += _eager_saved(layer, ctx, tokens, rep, q_local, kv_local, expert_tokens)
     stats = (8 if layer.norm == "layernorm" else 4) * 2 * tokens / (ctx.tp if ctx.sp else 1)
