@@ -144,7 +144,17 @@ class Work:
     """what an fp8 recipe quantises per GPU (cost/compute.quant_time_s): the forward GEMM inputs no
     norm writes, those a norm writes (a norm kernel can emit them quantised), the output
     gradients backward quantises; the router's GEMM stays in high precision"""
+    backward_bytes: float = 0.0
+    """what the layer's backward holds at once beyond what its forward saved, at its largest: the
+    gradients of its MLP's activation, MLP_BACKWARD_GRADS ffn-wide 16-bit tensors (_mlp_backward)"""
 
+
+MLP_BACKWARD_GRADS = {"swiglu": 3, "gelu": 2, "relu": 2}
+"""ffn-wide gradients an MLP's backward holds at once, per activation: a gated MLP the gradient of
+the activation's output and, from it, those of the gate and the up projection (torch's own
+silu(gate) * up: aten mul's and silu_backward's outputs; a fused SwiGLU backward reads the first
+and writes the other two alike); ungated, the output's gradient and the pre-activation's. Counted
+on an eager torchtitan block on CPU with torch's memory tracker (tests/test_torch_oracle.py)"""
 
 NORM_FUSED_BYTES = 2 * ACT_BYTES
 """HBM traffic per element of a fused norm kernel's forward: read the input, write the output"""
@@ -394,7 +404,17 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         saved=saved, saved_full_recompute=ACT_BYTES * rep,
         params_local=params_local, expert_params_local=expert_local_all,
         gemm_weight_params=gemm_weights, op_recomputed=op_recomputed, model_flops=model_flops,
-        eager_bytes=(eager_fwd, eager_bwd), eager_fused_bytes=eager_fused, quant_elements=tuple(quant))
+        eager_bytes=(eager_fwd, eager_bwd), eager_fused_bytes=eager_fused, quant_elements=tuple(quant),
+        backward_bytes=_mlp_backward(layer, tokens, expert_tokens, tp))
+
+
+def _mlp_backward(layer: Layer, tokens: float, expert_tokens: float, tp: int) -> float:
+    """Work.backward_bytes: MLP_BACKWARD_GRADS x ACT_BYTES x the widest ffn activation a GPU holds,
+    the dense MLP's tokens x ffn_width / tp or the local experts' routed tokens x expert ffn (one
+    grouped backward over all of them: Megatron-Core's TEGroupedMLP), expert_tokens x width / tp
+    whether the experts keep tp (every routed token, 1/tp of the width) or fold (1/tp of them)."""
+    experts = expert_tokens * layer.expert_linears[1].k if layer.experts else 0.0
+    return MLP_BACKWARD_GRADS.get(layer.ffn_act, 2) * ACT_BYTES * max(tokens * layer.ffn_width, experts) / tp
 
 
 def _lse_bytes(ctx: Ctx, tokens: float, q_local: float) -> float:

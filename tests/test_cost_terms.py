@@ -149,13 +149,14 @@ def test_korthikanti_fig1_memory_in_paper_accounting(run):
 # (+0.2 % to +2.4 %), on 22B, whose one stage also computes the loss, the loss's peak over
 # its saved softmax (2 bytes a logit: +1.0 %), and the one layer whose attention core selective
 # recomputation rebuilds in backward, its scores, probabilities and dropout mask held while it
-# runs (+1.2 % to +6.6 %: one layer among the stage's few); `other` adds the runtime's 1 GiB
-# reserve and fragmentation (1.5-2.4 GiB).
+# runs (+1.2 % to +6.6 %: one layer among the stage's few), and the MLP gradients the backward of
+# a layer holds beside what it saved (graph.Work.backward_bytes, +0.3 % to +1.0 %); `other` adds
+# the runtime's 1 GiB reserve and fragmentation (1.5-2.4 GiB).
 DEFAULT_VS_PAPER = {
-    "korthikanti22-t5-22b-seqsel": (1.015, 1.099),
-    "korthikanti22-t5-175b-seqsel": (1.029, 1.022),
-    "korthikanti22-t5-530b-seqsel": (1.070, 1.023),
-    "korthikanti22-t5-1t-seqsel": (1.083, 1.029),
+    "korthikanti22-t5-22b-seqsel": (1.015, 1.109),
+    "korthikanti22-t5-175b-seqsel": (1.029, 1.025),
+    "korthikanti22-t5-530b-seqsel": (1.070, 1.027),
+    "korthikanti22-t5-1t-seqsel": (1.083, 1.033),
 }
 
 

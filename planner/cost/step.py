@@ -582,7 +582,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     the blocks an all-gather rotater holds while a layer's attention runs, added like the loss's
     peak on the last stage though the two never coincide either (the same safe-side overcount);
     its backward's fp32 gradient accumulators and send buffers (a few blocks more) are not
-    counted."""
+    counted. bwd_buffer (graph.Work.backward_bytes): the gradients the backward of the largest
+    layer holds beyond its saved bytes, held once by every stage, beside the loss's peak on the
+    last (the same safe-side overcount) and the rebuild buffer, with which it coincides."""
     gpu, eff = cluster.gpu, cluster.efficiency
     head_precision = compute.outside_fp8(precision, eff)
     kinds, kind_index = _kinds(model)
@@ -624,7 +626,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
             # sequence parallelism, whole without
             "pp_buffer": (boundary_bytes(model, base.seq_len, base.cp, base.micro_batch, base.tp if base.sp else 1)
                           if keeps_buffers else 0.0),
-            "cp_buffer": cp_gathered_bytes(_kinds(model)[0], base)}
+            "cp_buffer": cp_gathered_bytes(_kinds(model)[0], base),
+            "bwd_buffer": max((layer_work(k, _kind_ctx(base, k, "none")).backward_bytes for k in _kinds(model)[0]),
+                              default=0.0)}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
     return LayerTables(prefix=prefix, ends=ends, kinds=kinds, transient_bytes=transient, prefetch_bytes=prefetch)
@@ -775,14 +779,16 @@ def stage_ends(first, last, params, saved, end, microbatches=1, vpp=1) -> tuple:
     micro-batch in each of the stage's `vpp` chunks, less two in the pipeline's first chunk
     (nothing to receive) and two in its last (its output is the logits): microbatches x pp_buffer
     x (4 vpp - 2 first - 2 last), 0 without pipeline stages. Every stage holds cp_buffer
-    (cp_gathered_bytes) while a layer's attention runs. A chunk's first layer saves its input,
+    (cp_gathered_bytes) while a layer's attention runs and bwd_buffer (graph.Work.backward_bytes)
+    while its largest layer's backward runs. A chunk's first layer saves its input,
     which is that chunk's receive buffer, so the in-flight micro-batches' inputs are counted twice
     outside the first stage: an overcount of at most in_flight x pp_buffer, on the safe side.
     Arrays broadcast."""
     kept = last * np.logical_not(first) * (microbatches - 1) * end("head_kept")
     buffers = microbatches * end("pp_buffer") * (4 * vpp - 2 * first - 2 * last)
     return (params + first * end("emb_params") + last * (end("head_params") - first * end("head_tied")),
-            saved + first * end("emb_saved"), last * end("head_saved") + kept + buffers + end("cp_buffer"))
+            saved + first * end("emb_saved"),
+            last * end("head_saved") + kept + buffers + end("cp_buffer") + end("bwd_buffer"))
 
 
 def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_saved, transient,
@@ -792,7 +798,8 @@ def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_sa
     group (ZeRO; a gradient element of the setup's dp_grad_bytes), with the gradients its runtime
     keeps beside them (RuntimeRules.kept_grad_bytes_of), the activations of
     its in-flight micro-batches (`saved` per micro-batch) plus what the stage holds once
-    (`head_saved`, stage_ends: the head's, the runtime's pipeline and context-parallel buffers)
+    (`head_saved`, stage_ends: the head's, the runtime's pipeline and context-parallel buffers,
+    the backward's gradients)
     and a recomputed layer's rebuild buffer, and what the runtime adds (with ZeRO-3's prefetched
     layers). Arrays
     broadcast, zero included. With an fp8 parameter gather the weights are still counted at
