@@ -70,19 +70,20 @@ def _setup_options(f):
 
 
 def _run_options(f):
-    """The MoE, fp8-recipe, gradient-reduction and loss-fusion flags, handed to the command as one `options`
-    (RunOptions)."""
+    """The MoE, fp8-recipe, gradient-reduction, loss-fusion and tp-overlap flags, handed to the command as one
+    `options` (RunOptions)."""
     import functools
 
     from planner.spec.training import RunOptions
 
     @functools.wraps(f)
     def command(*args, moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather, loss_fusion,
-                moe_imbalance, **kwargs):
+                moe_imbalance, no_tp_overlap, **kwargs):
         return f(*args, options=RunOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding,
                                            fp8_recipe=fp8_recipe or "", grad_reduce=grad_reduce or "",
                                            fp8_param_gather=fp8_param_gather, loss_fusion=loss_fusion or "",
-                                           moe_imbalance=1.0 if moe_imbalance is None else moe_imbalance),
+                                           moe_imbalance=1.0 if moe_imbalance is None else moe_imbalance,
+                                           no_tp_overlap=no_tp_overlap),
                  **kwargs)
 
     opts = [
@@ -116,6 +117,10 @@ def _run_options(f):
                      help="a fused cross-entropy loss (Megatron's --cross-entropy-loss-fusion with "
                           "--cross-entropy-fusion-impl native or te): its traffic and memory on the last stage "
                           "are priced  [default: the runtime's own loss]"),
+        click.option("--no-tp-overlap", is_flag=True, default=False,
+                     help="keep the tensor-parallel collectives exposed: a launch without Megatron's "
+                          "--tp-comm-overlap (Transformer Engine's userbuffers), which the export then leaves off  "
+                          "[default: hidden behind the GEMMs where the runtime can]"),
     ]
     for opt in reversed(opts):
         command = opt(command)

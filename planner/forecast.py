@@ -449,7 +449,8 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
     notes.append("the front is " + ("days against cost" if priced else "days against GPU-hours (no price given)"))
     # forecasts made before these knobs read alike
     given = {k: True for k, on in (("ep_overlap", options.ep_overlap), ("moe_folding", options.folding),
-                                   ("fp8_param_gather", options.fp8_param_gather)) if on}
+                                   ("fp8_param_gather", options.fp8_param_gather),
+                                   ("no_tp_overlap", options.no_tp_overlap)) if on}
     for key, value in (("fp8_recipe", options.fp8_recipe), ("grad_reduce", options.grad_reduce),
                        ("loss_fusion", options.loss_fusion)):
         if value:

@@ -154,7 +154,8 @@ MLP_BACKWARD_GRADS = {"swiglu": 3, "gelu": 2, "relu": 2}
 the activation's output and, from it, those of the gate and the up projection (torch's own
 silu(gate) * up: aten mul's and silu_backward's outputs; a fused SwiGLU backward reads the first
 and writes the other two alike); ungated, the output's gradient and the pre-activation's. Counted
-on an eager torchtitan block on CPU with torch's memory tracker (tests/test_torch_oracle.py)"""
+exactly, weights frozen, on an eager torchtitan block and a GPT block (torch's gelu) on CPU with
+torch's memory tracker (tests/test_torch_oracle.py); relu taken as gelu, its backward alike"""
 
 NORM_FUSED_BYTES = 2 * ACT_BYTES
 """HBM traffic per element of a fused norm kernel's forward: read the input, write the output"""
@@ -414,7 +415,7 @@ def _mlp_backward(layer: Layer, tokens: float, expert_tokens: float, tp: int) ->
     grouped backward over all of them: Megatron-Core's TEGroupedMLP), expert_tokens x width / tp
     whether the experts keep tp (every routed token, 1/tp of the width) or fold (1/tp of them)."""
     experts = expert_tokens * layer.expert_linears[1].k if layer.experts else 0.0
-    return MLP_BACKWARD_GRADS.get(layer.ffn_act, 2) * ACT_BYTES * max(tokens * layer.ffn_width, experts) / tp
+    return MLP_BACKWARD_GRADS[layer.ffn_act] * ACT_BYTES * max(tokens * layer.ffn_width, experts) / tp
 
 
 def _lse_bytes(ctx: Ctx, tokens: float, q_local: float) -> float:

@@ -757,15 +757,16 @@ Transformer Engine's comm+GEMM overlap needs between the tensor-parallel GPUs
 and connected over NVLink/NVSwitch")"""
 
 
-def tp_overlap(runtime: str, sequence_parallel: bool, family: str) -> bool:
+def tp_overlap(runtime: str, sequence_parallel: bool, family: str, off: bool = False) -> bool:
     """Whether `runtime` hides tensor-parallel collectives behind GEMMs (RuntimeRules.tp_overlap)
-    for a plan with or without sequence parallelism on GPUs of `family`: userbuffers overlap the
+    for a plan with or without sequence parallelism on GPUs of `family`, unless the setup turns it
+    `off` (TrainingSetup.no_tp_overlap): userbuffers overlap the
     all-gathers and reduce-scatters sequence parallelism issues, and Megatron-LM refuses
     --tp-comm-overlap without it (megatron/training/arguments.py validate_args at 000c4ac:
     "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is
     enabled"); over NVLink only (NO_NVLINK_FAMILIES). Priced for tp groups inside one node
     (cost/step.layer_cost); export/megatron.py turns it on for exactly those plans."""
-    return RUNTIME_RULES[runtime].tp_overlap and sequence_parallel and family not in NO_NVLINK_FAMILIES
+    return RUNTIME_RULES[runtime].tp_overlap and sequence_parallel and family not in NO_NVLINK_FAMILIES and not off
 
 
 def pool_stages_refusal(rule: str, libraries: set, node_sizes: set) -> str | None:

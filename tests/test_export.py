@@ -27,6 +27,7 @@ from planner.planning import make_plan
 from planner.runtimes import TORCHTITAN_MODELS
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
+from planner.spec.training import RunOptions
 from runtime_checks import check_deepspeed, check_torchtitan, megatron_args, megatron_known, torchtitan_model
 
 DATA = Path(__file__).parent / "data"
@@ -228,6 +229,33 @@ def test_megatron_overlaps_tensor_parallel_communication_where_the_plan_priced_i
     pcie = estimate(model, load_cluster("l40s-pcie-8"), setup, resolve_strategy({**knobs, "sequence_parallel": True},
                                                                                  setup))
     assert shown.breakdown_s["tp_comm"] > 10 * hidden.breakdown_s["tp_comm"] and pcie.breakdown_s["tp_comm"] > 0.01
+
+
+def test_a_plan_without_tp_overlap_prices_the_collectives_and_launches_without_it():
+    """--no-tp-overlap (TrainingSetup.no_tp_overlap: a launch without --tp-comm-overlap, NeMo's
+    ub_tp_comm_overlap false): the tensor-parallel collectives are priced whole, exactly as
+    without sequence parallelism's overlap, the plan records the knob, the export leaves the flag
+    off and a re-check from the recorded inputs prices the same."""
+    from planner.cost.step import estimate
+    from planner.spec.training import TrainingSetup, resolve_strategy
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    knobs = {"tp": 8, "micro_batch": 1, "zero": 1, "sequence_parallel": True}
+    on, off = (TrainingSetup(gpus=8, global_batch=8, seq_len=4096, runtime="megatron", no_tp_overlap=flag)
+               for flag in (False, True))
+    hidden = estimate(model, cluster, on, resolve_strategy(knobs, on)).breakdown_s["tp_comm"]
+    shown = estimate(model, cluster, off, resolve_strategy(knobs, off)).breakdown_s["tp_comm"]
+    assert shown > 10 * hidden
+    plan = make_plan(model, cluster, 16, 64, 4096, "bf16", "flash", "megatron",
+                     {"tp": 2, "pp": 1, "cp": 1, "micro_batch": 1, "zero": 1, "recompute": "full", "order": ORDER},
+                     options=RunOptions(no_tp_overlap=True))
+    assert plan["inputs"]["training"]["no_tp_overlap"] is True
+    assert "--tp-comm-overlap" not in export(plan, "megatron", "lines").splitlines()
+    default = make_plan(model, cluster, 16, 64, 4096, "bf16", "flash", "megatron",
+                        {"tp": 2, "pp": 1, "cp": 1, "micro_batch": 1, "zero": 1, "recompute": "full", "order": ORDER})
+    assert "no_tp_overlap" not in default["inputs"]["training"]
+    assert plan["prediction"]["breakdown_s"]["tp_comm"] > default["prediction"]["breakdown_s"]["tp_comm"]
+    assert RunOptions.recorded(plan["inputs"]["training"]).no_tp_overlap is True
 
 
 def test_megatron_uneven_first_and_last_stage(plans):

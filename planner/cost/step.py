@@ -499,7 +499,8 @@ def context_tables(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, tp:
                                                                     sequence_parallel),
                          priced_mode(setup, base_mode(recompute)), spans["tp"], spans["cp"], spans["ep"],
                          kernel_of(cluster, setup),
-                         tp_overlap(setup.runtime, sequence_parallel, cluster.gpu.family), setup.dispatcher == "dedup", setup.ep_overlap,
+                         tp_overlap(setup.runtime, sequence_parallel, cluster.gpu.family, setup.no_tp_overlap),
+                         setup.dispatcher == "dedup", setup.ep_overlap,
                          *loss_bytes(setup, tp, isinstance(cluster.efficiency, LegacyEfficiency)),
                          quant_bytes(cluster, setup), RUNTIME_RULES[setup.runtime].pp_keeps_outputs,
                          RUNTIME_RULES[setup.runtime].pp_buffers_per_microbatch)
@@ -582,9 +583,9 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     the blocks an all-gather rotater holds while a layer's attention runs, added like the loss's
     peak on the last stage though the two never coincide either (the same safe-side overcount);
     its backward's fp32 gradient accumulators and send buffers (a few blocks more) are not
-    counted. bwd_buffer (graph.Work.backward_bytes): the gradients the backward of the largest
-    layer holds beyond its saved bytes, held once by every stage, beside the loss's peak on the
-    last (the same safe-side overcount) and the rebuild buffer, with which it coincides."""
+    counted. bwd_buffer (graph.Work.backward_bytes): the gradients the backward of the model's
+    largest layer holds beyond its saved bytes, held once by every stage, beside the loss's peak
+    on the last (the same safe-side overcount) and the rebuild buffer, with which it coincides."""
     gpu, eff = cluster.gpu, cluster.efficiency
     head_precision = compute.outside_fp8(precision, eff)
     kinds, kind_index = _kinds(model)
@@ -779,8 +780,9 @@ def stage_ends(first, last, params, saved, end, microbatches=1, vpp=1) -> tuple:
     micro-batch in each of the stage's `vpp` chunks, less two in the pipeline's first chunk
     (nothing to receive) and two in its last (its output is the logits): microbatches x pp_buffer
     x (4 vpp - 2 first - 2 last), 0 without pipeline stages. Every stage holds cp_buffer
-    (cp_gathered_bytes) while a layer's attention runs and bwd_buffer (graph.Work.backward_bytes)
-    while its largest layer's backward runs. A chunk's first layer saves its input,
+    (cp_gathered_bytes) while a layer's attention runs and bwd_buffer (graph.Work.backward_bytes,
+    the model's largest layer's: on the safe side for a stage without it) while a layer's backward
+    runs. A chunk's first layer saves its input,
     which is that chunk's receive buffer, so the in-flight micro-batches' inputs are counted twice
     outside the first stage: an overcount of at most in_flight x pp_buffer, on the safe side.
     Arrays broadcast."""

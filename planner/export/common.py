@@ -75,6 +75,8 @@ class PlanView:
     loss_fusion: str = ""
     """the fused cross-entropy loss it was priced with where the request named one
     (TrainingSetup.loss_fusion)"""
+    no_tp_overlap: bool = False
+    """tensor-parallel collectives priced exposed (TrainingSetup.no_tp_overlap)"""
     dp_shard: int = 0
     """hybrid sharding's shard group of data-parallel ranks (Strategy.dp_shard; 0: all of dp)"""
     pool_shares: tuple[str, ...] = ()
@@ -165,6 +167,7 @@ def read(plan: dict) -> PlanView:
                     grad_reduce=str(training.get("grad_reduce", "")),
                     fp8_param_gather=training.get("fp8_param_gather", False) is True,
                     loss_fusion=str(training.get("loss_fusion", "")),
+                    no_tp_overlap=training.get("no_tp_overlap", False) is True,
                     dp_shard=int(strategy.get("dp_shard", 0)),
                     pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")),
                     stage_pools=stage_pools, stage_libraries=libraries, stage_node_sizes=node_sizes,

@@ -203,7 +203,7 @@ def tp_comm_overlap(v: PlanView) -> bool:
     Megatron-LM (runtimes.tp_overlap: sequence parallelism, NVLink), for tp groups inside one
     node (the plan's placement), so the job runs what was priced."""
     return (v.tp > 1 and v.tp_tier == "intra_node" and bool(v.families)
-            and all(tp_overlap("megatron", v.sequence_parallel, f) for f in v.families))
+            and all(tp_overlap("megatron", v.sequence_parallel, f, v.no_tp_overlap) for f in v.families))
 
 
 def _split(v: PlanView) -> list[Arg]:

@@ -71,7 +71,7 @@ def checked_imbalance(f) -> float:
 class RunOptions:
     """How a request runs beyond its precision and parallelism: the TrainingSetup fields
     moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather,
-    loss_fusion and moe_imbalance as one value, what the CLI, planning and forecasts pass along (TrainingSetup
+    loss_fusion, moe_imbalance and no_tp_overlap as one value, what the CLI, planning and forecasts pass along (TrainingSetup
     checks them). folding None leaves it to the search: both layouts where the runtime folds
     (planning.moe_variants)."""
 
@@ -83,6 +83,7 @@ class RunOptions:
     fp8_param_gather: bool = False
     loss_fusion: str = ""
     moe_imbalance: float = 1.0
+    no_tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "moe_imbalance", checked_imbalance(self.moe_imbalance))
@@ -99,7 +100,7 @@ class RunOptions:
         return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding),
                 "fp8_recipe": self.fp8_recipe, "grad_reduce": self.grad_reduce,
                 "fp8_param_gather": self.fp8_param_gather, "loss_fusion": self.loss_fusion,
-                "moe_imbalance": self.moe_imbalance}
+                "moe_imbalance": self.moe_imbalance, "no_tp_overlap": self.no_tp_overlap}
 
     @classmethod
     def recorded(cls, training: dict) -> "RunOptions":
@@ -108,7 +109,8 @@ class RunOptions:
         return cls(dispatcher=training.get("moe_dispatcher", ""), ep_overlap=training.get("ep_overlap", False),
                    folding=training.get("moe_folding"), fp8_recipe=training.get("fp8_recipe", ""),
                    grad_reduce=training.get("grad_reduce", ""), fp8_param_gather=training.get("fp8_param_gather", False),
-                   loss_fusion=training.get("loss_fusion", ""), moe_imbalance=training.get("moe_imbalance", 1.0))
+                   loss_fusion=training.get("loss_fusion", ""), moe_imbalance=training.get("moe_imbalance", 1.0),
+                   no_tp_overlap=training.get("no_tp_overlap", False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +154,10 @@ class TrainingSetup:
     balanced share (1 to MAX_MOE_IMBALANCE; graph.Ctx.moe_imbalance). 1 is balanced routing, what
     the published benchmark runs force (force-balanced routers, token dropping at capacity factor
     1): the default, so a plan prices the best case unless told how unevenly a router spreads"""
+    no_tp_overlap: bool = False
+    """keep the tensor-parallel collectives exposed where the runtime could hide them behind the
+    GEMMs (runtimes.tp_overlap): a launch without Megatron-LM's --tp-comm-overlap, NeMo's
+    ub_tp_comm_overlap false; the export then leaves it off"""
 
     def __post_init__(self) -> None:
         for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
@@ -177,7 +183,7 @@ class TrainingSetup:
             raise SpecError(f"grad-reduce must be one of {', '.join(GRAD_REDUCES)}, got {self.grad_reduce!r}")
         if self.loss_fusion not in ("", *LOSS_FUSIONS):
             raise SpecError(f"loss-fusion must be one of {', '.join(LOSS_FUSIONS)}, got {self.loss_fusion!r}")
-        for name in ("ep_overlap", "moe_folding", "fp8_param_gather"):
+        for name in ("ep_overlap", "moe_folding", "fp8_param_gather", "no_tp_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name.replace('_', '-')} must be true or false, got {getattr(self, name)!r}")
         object.__setattr__(self, "moe_imbalance", checked_imbalance(self.moe_imbalance))
@@ -210,7 +216,7 @@ class TrainingSetup:
         for name in ("moe_dispatcher", "fp8_recipe", "grad_reduce", "loss_fusion"):
             if not out[name]:
                 del out[name]  # the runtime's own: plans made before the knob read alike
-        for name in ("ep_overlap", "moe_folding", "fp8_param_gather"):
+        for name in ("ep_overlap", "moe_folding", "fp8_param_gather", "no_tp_overlap"):
             if not out[name]:
                 del out[name]  # plans made before the knob read alike
         if out["moe_imbalance"] == 1.0:
