@@ -147,6 +147,11 @@ class Work:
     backward_bytes: float = 0.0
     """what the layer's backward holds at once beyond what its forward saved, at its largest: the
     gradients of its MLP's activation, MLP_BACKWARD_GRADS ffn-wide 16-bit tensors (_mlp_backward)"""
+    tp_expert_message_bytes: float = 0.0
+    """payload of the experts' own tensor-parallel collective where they keep tp (not folded):
+    the dispatcher gathers every routed token of its tp group before the expert GEMMs and
+    reduce-scatters their outputs after (megatron-core 0.16.0 MoEAlltoAllTokenDispatcher over
+    expt_tp), expert_tokens x hidden; one such pair in forward, one in backward"""
 
 
 MLP_BACKWARD_GRADS = {"swiglu": 3, "gelu": 2, "relu": 2}
@@ -396,8 +401,10 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         gemms=tuple(gemms), attn_flops=attn_flops, attn_intensity=attn_int, elementwise_bytes=elementwise,
         core_elementwise_bytes=softmax_rw,
         tp_message_bytes=tokens * h * ACT_BYTES if tp > 1 else 0.0,
-        # attention's and the MLP's (a folded expert MLP beside no dense one has none)
-        tp_collectives=0 if tp == 1 else 1 if ctx.folded and layer.experts and not layer.mlp_linears else 2,
+        # attention's and the dense MLP's (a MoE layer's shared experts'); the experts' own, where
+        # they keep tp, is tp_expert_message_bytes
+        tp_collectives=0 if tp == 1 else 2 if layer.mlp_linears or not layer.experts else 1,
+        tp_expert_message_bytes=expert_tokens * h * ACT_BYTES if layer.experts and etp > 1 else 0.0,
         cp_message_bytes=(2 * b * (s / cp) * (q_local if ctx.cp_expanded_kv else kv_local) * layer.d_qk * ACT_BYTES
                           if cp > 1 else 0.0),
         ep_message_bytes=expert_tokens * h * ACT_BYTES / tp if layer.experts else 0.0,

@@ -605,8 +605,9 @@ def test_folded_experts_keep_their_flops_and_hold_whole_experts():
     """MoE parallel folding (expert tensor parallelism 1 under tp > 1): a GPU runs the same expert
     FLOPs (its 1/tp of the tokens through whole experts), holds tp times the expert parameters
     of the same ep, shards them over tp times the expert data-parallel ranks, and runs no tensor-
-    parallel collective around an expert MLP that has no dense MLP beside it; with tp 1 folding
-    changes nothing."""
+    parallel collective around an expert MLP that has no dense MLP beside it (unfolded, the
+    dispatcher gathers the routed tokens over tp instead: Work.tp_expert_message_bytes); with tp 1
+    folding changes nothing."""
     from planner.cost.step import state_shards
     from planner.graph import Ctx, build_layers, layer_work
     model = load_model("mixtral-8x7b")
@@ -618,7 +619,8 @@ def test_folded_experts_keep_their_flops_and_hold_whole_experts():
     expert_flops = [sum(f for f, _ in w.gemms[-1 - n:-1]) for w in (plain, folded)]
     assert expert_flops[0] == pytest.approx(expert_flops[1], rel=1e-12)
     assert folded.expert_params_local == pytest.approx(2 * plain.expert_params_local, rel=1e-12)
-    assert (plain.tp_collectives, folded.tp_collectives) == (2, 1)
+    assert (plain.tp_collectives, folded.tp_collectives) == (1, 1)
+    assert folded.tp_expert_message_bytes == 0.0 and plain.tp_expert_message_bytes > 0
     assert state_shards(8, 1, 4, fold=2) == (8, 4) and state_shards(8, 1, 4) == (8, 2)
 
     cluster = load_cluster("dgx-h100")
@@ -626,6 +628,33 @@ def test_folded_experts_keep_their_flops_and_hold_whole_experts():
     s = resolve_strategy({"tp": 1, "pp": 2, "ep": 8, "micro_batch": 1, "recompute": "full"}, setup)
     one, other = (estimate(model, cluster, replace(setup, moe_folding=f), s) for f in (False, True))
     assert (one.step_time_s, one.peak_memory_bytes) == (other.step_time_s, other.peak_memory_bytes)
+
+
+def test_unfolded_experts_gather_every_routed_token_over_tp_and_nothing_hides_it():
+    """Experts that keep tensor parallelism run on every routed token of their tp group, which
+    Megatron-Core's all-to-all dispatcher all-gathers over the expert tp group before the expert
+    GEMMs and reduce-scatters after them (megatron-core 0.16.0 token_dispatcher.py,
+    dispatch_postprocess and combine_preprocess over expt_tp): a collective pair of top_k x
+    tokens x hidden 16-bit values, beside attention's (and shared experts') tokens x hidden, in
+    the dispatcher, outside the linears whose GEMMs userbuffers overlap. So a layer's tp time
+    with the overlap keeps that pair whole, forward and backward, over the folded layer's."""
+    from planner.cost.step import layer_cost
+    from planner.graph import Ctx, build_layers, layer_work
+
+    model = load_model("mixtral-8x7b")
+    moe = next(layer for layer in build_layers(model) if layer.experts)
+    ctx = Ctx(micro_batch=1, seq_len=4096, tp=4, ep=2, sp=True)
+    work = layer_work(moe, ctx)
+    assert work.tp_message_bytes == 4096 * model.hidden * 2
+    assert work.tp_expert_message_bytes == moe.top_k * 4096 * model.hidden * 2
+    cluster, span = load_cluster("dgx-h100"), Span(size=4, per_node=4, nodes=1)
+    one, ep_span = Span(size=1, per_node=1, nodes=1), Span(size=2, per_node=2, nodes=1)
+    pair = comm.collective_time_s("all_reduce", work.tp_expert_message_bytes, span, cluster)
+    hidden, shown = (layer_cost(moe, ctx, cluster, "bf16", span, one, ep_span, tp_overlap=overlap).tp
+                     for overlap in (True, False))
+    folded = layer_cost(moe, replace(ctx, folded=True), cluster, "bf16", span, one, ep_span, tp_overlap=True).tp
+    assert hidden == pytest.approx(2 * pair + folded, rel=1e-12)
+    assert shown > hidden
 
 
 def test_folded_experts_are_laid_out_over_tp_and_refused_where_no_runtime_folds():

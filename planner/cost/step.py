@@ -206,6 +206,9 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
         # which exist only inside one node: a tp group across nodes overlaps nothing
         # (NVIDIA/TransformerEngine issue #1071)
         tp_one = max(0.0, tp_one - gemm_fwd)
+    # the experts' own gather and reduce-scatter (Work.tp_expert_message_bytes) run in the token
+    # dispatcher, outside the linears whose GEMMs userbuffers overlap: exposed
+    tp_one += comm.collective_time_s("all_reduce", w.tp_expert_message_bytes, tp_span, cluster)
     cp_fwd, cp_bwd = cp_exposed_s(ctx.cp_rotation, ctx.cp, w.cp_message_bytes, attn, attn_bwd, cp_span, cluster)
     cp = cp_fwd + cp_bwd
     if ep_dedup and layer.experts:
