@@ -51,6 +51,10 @@ class Ctx:
     folded: bool = False
     """expert layers without tensor parallelism (MoE parallel folding, TrainingSetup.moe_folding):
     each rank routes its own 1/tp of the tokens to whole experts"""
+    expert_tp_gather: bool = False
+    """experts that keep tp get their routed tokens by an all-gather over the experts' tp group
+    after the all-to-all, their outputs reduce-scattered back (runtimes.RuntimeRules
+    .expert_tp_gather under the all-to-all dispatcher): Work.tp_expert_message_bytes"""
     quantised_inputs: bool = False
     """fp8 GEMM inputs kept for backward as their 1-byte copies (runtimes.RuntimeRules
     .fp8_saves_quantised under fp8), not in 16 bits"""
@@ -148,10 +152,10 @@ class Work:
     """what the layer's backward holds at once beyond what its forward saved, at its largest: the
     gradients of its MLP's activation, MLP_BACKWARD_GRADS ffn-wide 16-bit tensors (_mlp_backward)"""
     tp_expert_message_bytes: float = 0.0
-    """payload of the experts' own tensor-parallel collective where they keep tp (not folded):
-    the dispatcher gathers every routed token of its tp group before the expert GEMMs and
-    reduce-scatters their outputs after (megatron-core 0.16.0 MoEAlltoAllTokenDispatcher over
-    expt_tp), expert_tokens x hidden; one such pair in forward, one in backward"""
+    """payload of the experts' own tensor-parallel collective where they keep tp (not folded) and
+    the runtime's dispatcher gathers for them (Ctx.expert_tp_gather): every routed token of the tp
+    group before the expert GEMMs, their outputs reduce-scattered after, expert_tokens x hidden
+    x ACT_BYTES; one such pair in forward, one in backward"""
 
 
 MLP_BACKWARD_GRADS = {"swiglu": 3, "gelu": 2, "relu": 2}
@@ -404,7 +408,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         # attention's and the dense MLP's (a MoE layer's shared experts'); the experts' own, where
         # they keep tp, is tp_expert_message_bytes
         tp_collectives=0 if tp == 1 else 2 if layer.mlp_linears or not layer.experts else 1,
-        tp_expert_message_bytes=expert_tokens * h * ACT_BYTES if layer.experts and etp > 1 else 0.0,
+        tp_expert_message_bytes=(expert_tokens * h * ACT_BYTES if layer.experts and etp > 1 and ctx.expert_tp_gather
+                                 else 0.0),
         cp_message_bytes=(2 * b * (s / cp) * (q_local if ctx.cp_expanded_kv else kv_local) * layer.d_qk * ACT_BYTES
                           if cp > 1 else 0.0),
         ep_message_bytes=expert_tokens * h * ACT_BYTES / tp if layer.experts else 0.0,

@@ -31,7 +31,8 @@ def estimate_table(plan: dict) -> None:
     title = (f"{plan['inputs']['model']['name']} on {on}, global batch {tr['global_batch']}, seq {tr['seq_len']}, "
              f"{tr['precision']}" + (f" ({_fp8_recipe(tr)} scaling)" if tr["precision"] == "fp8" else "")
              + (", expert all-to-alls overlapped" if tr.get("ep_overlap") else "")
-             + (", experts folded (expert tp 1)" if tr.get("moe_folding") else ""))
+             + (", experts folded (expert tp 1)" if tr.get("moe_folding") else "")
+             + (", tp collectives not overlapped" if tr.get("no_tp_overlap") else ""))
     err.print(f"[bold]{esc(title)}[/bold]")
     err.print((f"pool {plan['strategy_pool']}: " if "strategy_pool" in plan else "") + _knobs(st), markup=False,
               highlight=False)

@@ -301,6 +301,15 @@ class RuntimeRules:
     FP32GradientAccumulator (v0.4 optim/gradient_accumulator.py, fp32_grad.add_(half_param.grad),
     10 bytes) runs where the optimizer config's accumulate_grad_in_fp32 says, a key the export
     leaves to the user"""
+    expert_tp_gather: bool = False
+    """under its all-to-all dispatcher, experts that keep tensor parallelism (not folded) get every
+    routed token of their tp group by an all-gather over the experts' tp group after the
+    all-to-all, and reduce-scatter their outputs before the combine (megatron-core 0.16.0
+    token_dispatcher.py MoEAlltoAllTokenDispatcher dispatch_postprocess and combine_preprocess,
+    gather_from_sequence_parallel_region over expt_tp), on the compute stream, outside the linears
+    userbuffers overlap (graph.Work.tp_expert_message_bytes, priced exposed). Its flex dispatcher
+    (dedup) sends those copies inside its fused all-to-all over tp x ep instead (router_topk = tp x
+    top_k, the same file), which comm.dispatch_time_s does not count"""
     dropless_host_sync: bool = False
     """its dropless MoE routing copies each MoE layer's per-expert token counts to the host before
     the expert GEMMs, so the GPU then waits for the host to launch the rest of the layer:
@@ -432,6 +441,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              # validate_args: "Expert parallelism is not supported with fp16 training."
                              ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True,
                              moe_folding=True, ends_accounted=True, pool_stages="same_library", dropless_host_sync=True,
+                             expert_tp_gather=True,
                              # arguments.py: --grad-reduce-in-bf16, --fp8-param-gather (Megatron-LM 000c4ac)
                              grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
                              # --num-distributed-optimizer-instances (megatron-core parallel_state:

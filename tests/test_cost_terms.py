@@ -613,7 +613,8 @@ def test_folded_experts_keep_their_flops_and_hold_whole_experts():
     model = load_model("mixtral-8x7b")
     moe = next(layer for layer in build_layers(model) if layer.experts)
     assert not moe.mlp_linears
-    plain, folded = (layer_work(moe, Ctx(micro_batch=1, seq_len=4096, tp=2, ep=4, sp=True, folded=f))
+    plain, folded = (layer_work(moe, Ctx(micro_batch=1, seq_len=4096, tp=2, ep=4, sp=True, folded=f,
+                                         expert_tp_gather=True))
                      for f in (False, True))
     n = len(moe.expert_linears)
     expert_flops = [sum(f for f, _ in w.gemms[-1 - n:-1]) for w in (plain, folded)]
@@ -637,13 +638,20 @@ def test_unfolded_experts_gather_every_routed_token_over_tp_and_nothing_hides_it
     dispatch_postprocess and combine_preprocess over expt_tp): a collective pair of top_k x
     tokens x hidden 16-bit values, beside attention's (and shared experts') tokens x hidden, in
     the dispatcher, outside the linears whose GEMMs userbuffers overlap. So a layer's tp time
-    with the overlap keeps that pair whole, forward and backward, over the folded layer's."""
-    from planner.cost.step import layer_cost
+    with the overlap keeps that pair whole, forward and backward, over the folded layer's. Megatron's
+    flex dispatcher (dedup) and runtimes whose record says nothing of it send no such pair
+    (RuntimeRules.expert_tp_gather)."""
+    from planner.cost.step import layer_cost, layer_ctx
     from planner.graph import Ctx, build_layers, layer_work
 
     model = load_model("mixtral-8x7b")
     moe = next(layer for layer in build_layers(model) if layer.experts)
-    ctx = Ctx(micro_batch=1, seq_len=4096, tp=4, ep=2, sp=True)
+    for runtime, dispatcher, gathers in (("megatron", "alltoall", True), ("megatron", "dedup", False),
+                                         ("deepspeed", "", False)):
+        setup = TrainingSetup(gpus=8, global_batch=8, seq_len=4096, runtime=runtime, moe_dispatcher=dispatcher)
+        assert layer_ctx(model, setup, 4, 1, 2, 1, True).expert_tp_gather is gathers, (runtime, dispatcher)
+    ctx = Ctx(micro_batch=1, seq_len=4096, tp=4, ep=2, sp=True, expert_tp_gather=True)
+    assert layer_work(moe, replace(ctx, expert_tp_gather=False)).tp_expert_message_bytes == 0.0
     work = layer_work(moe, ctx)
     assert work.tp_message_bytes == 4096 * model.hidden * 2
     assert work.tp_expert_message_bytes == moe.top_k * 4096 * model.hidden * 2

@@ -28,6 +28,7 @@ from planner.runtimes import TORCHTITAN_MODELS
 from planner.spec.hardware import load_cluster
 from planner.spec.model import load_model
 from planner.spec.training import RunOptions
+from conftest import run
 from runtime_checks import check_deepspeed, check_torchtitan, megatron_args, megatron_known, torchtitan_model
 
 DATA = Path(__file__).parent / "data"
@@ -231,11 +232,11 @@ def test_megatron_overlaps_tensor_parallel_communication_where_the_plan_priced_i
     assert shown.breakdown_s["tp_comm"] > 10 * hidden.breakdown_s["tp_comm"] and pcie.breakdown_s["tp_comm"] > 0.01
 
 
-def test_a_plan_without_tp_overlap_prices_the_collectives_and_launches_without_it():
+def test_a_plan_without_tp_overlap_prices_the_collectives_and_launches_without_it(tmp_path):
     """--no-tp-overlap (TrainingSetup.no_tp_overlap: a launch without --tp-comm-overlap, NeMo's
-    ub_tp_comm_overlap false): the tensor-parallel collectives are priced whole, exactly as
-    without sequence parallelism's overlap, the plan records the knob, the export leaves the flag
-    off and a re-check from the recorded inputs prices the same."""
+    ub_tp_comm_overlap false): the tensor-parallel collectives are priced whole, the plan records
+    the knob (and says so in its title), the export leaves the flag off, and `planner check`
+    re-plans from the recorded inputs to the same plan."""
     from planner.cost.step import estimate
     from planner.spec.training import TrainingSetup, resolve_strategy
 
@@ -256,6 +257,12 @@ def test_a_plan_without_tp_overlap_prices_the_collectives_and_launches_without_i
     assert "no_tp_overlap" not in default["inputs"]["training"]
     assert plan["prediction"]["breakdown_s"]["tp_comm"] > default["prediction"]["breakdown_s"]["tp_comm"]
     assert RunOptions.recorded(plan["inputs"]["training"]).no_tp_overlap is True
+    path = tmp_path / "plan.json"
+    args = ["-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096",
+            "--runtime", "megatron", "--tp", "2", "--pp", "1", "--no-tp-overlap"]
+    made = run("plan", *args, "-o", str(path))
+    assert made.returncode == 0 and "tp collectives not overlapped" in made.stderr, made.stderr
+    assert run("check", str(path), "--tolerance", "0").returncode == 0
 
 
 def test_megatron_uneven_first_and_last_stage(plans):

@@ -184,7 +184,11 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
 
     `quant` (fp8 runs: compute.fp8_quant_bytes of the setup's recipe): the bytes per element its
     quantisation kernels move, priced as memory-bound time (compute.quant_time_s) beside the
-    GEMMs they feed."""
+    GEMMs they feed.
+
+    Experts that keep tp under a dispatcher that gathers for them (graph.Work
+    .tp_expert_message_bytes) add one all-reduce-priced pair a pass to the tp time, never
+    overlapped: it runs in the dispatcher, outside the linears userbuffers overlap."""
     eff, gpu = cluster.efficiency, cluster.gpu
     w = layer_work(layer, ctx)
     gemm = sum(compute.gemm_time_s(f, i, gpu, precision, eff) for f, i in w.gemms)
@@ -477,7 +481,8 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
                eager_swiglu=rules.eager_swiglu, eager_norm_bytes=rules.eager_norm_bytes,
                eager_rope_bytes=rules.eager_rope_bytes,
                expanded_kv=rules.expanded_kv, cp_expanded_kv=rules.cp_expanded_kv, cp_rotation=rules.cp_rotation,
-               moe_imbalance=setup.moe_imbalance if model.moe is not None else 1.0)
+               moe_imbalance=setup.moe_imbalance if model.moe is not None else 1.0,
+               expert_tp_gather=rules.expert_tp_gather and setup.dispatcher == "alltoall")
 
 
 def base_mode(recompute: str) -> str:
