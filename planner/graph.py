@@ -52,9 +52,9 @@ class Ctx:
     """expert layers without tensor parallelism (MoE parallel folding, TrainingSetup.moe_folding):
     each rank routes its own 1/tp of the tokens to whole experts"""
     expert_tp_gather: bool = False
-    """experts that keep tp get their routed tokens by an all-gather over the experts' tp group
-    after the all-to-all, their outputs reduce-scattered back (runtimes.RuntimeRules
-    .expert_tp_gather under the all-to-all dispatcher): Work.tp_expert_message_bytes"""
+    """experts that keep tp get every routed token of their tp group on each of its ranks and send
+    their outputs back from each (runtimes.RuntimeRules.expert_tp_gather): Work
+    .tp_expert_message_bytes"""
     quantised_inputs: bool = False
     """fp8 GEMM inputs kept for backward as their 1-byte copies (runtimes.RuntimeRules
     .fp8_saves_quantised under fp8), not in 16 bits"""

@@ -302,14 +302,17 @@ class RuntimeRules:
     10 bytes) runs where the optimizer config's accumulate_grad_in_fp32 says, a key the export
     leaves to the user"""
     expert_tp_gather: bool = False
-    """under its all-to-all dispatcher, experts that keep tensor parallelism (not folded) get every
-    routed token of their tp group by an all-gather over the experts' tp group after the
-    all-to-all, and reduce-scatter their outputs before the combine (megatron-core 0.16.0
-    token_dispatcher.py MoEAlltoAllTokenDispatcher dispatch_postprocess and combine_preprocess,
-    gather_from_sequence_parallel_region over expt_tp), on the compute stream, outside the linears
-    userbuffers overlap (graph.Work.tp_expert_message_bytes, priced exposed). Its flex dispatcher
-    (dedup) sends those copies inside its fused all-to-all over tp x ep instead (router_topk = tp x
-    top_k, the same file), which comm.dispatch_time_s does not count"""
+    """experts that keep tensor parallelism (not folded) get every routed token of their tp group
+    on each of its ranks and send their outputs back from each: under its all-to-all dispatcher
+    an all-gather over the experts' tp group after the all-to-all and a reduce-scatter before the
+    combine (megatron-core 0.16.0 token_dispatcher.py MoEAlltoAllTokenDispatcher
+    dispatch_postprocess and combine_preprocess, gather_from_sequence_parallel_region over
+    expt_tp), on the compute stream, outside the linears userbuffers overlap; under its flex
+    dispatcher (dedup) the same copies inside its fused all-to-all over tp x ep (router_topk = tp x
+    top_k, the same file), which comm.dispatch_time_s does not count. Both priced as the gather
+    and reduce-scatter, exposed (graph.Work.tp_expert_message_bytes): the bytes each rank receives
+    are the same; how much of them the fused kernel hides behind its inter-node sends is not
+    measured"""
     dropless_host_sync: bool = False
     """its dropless MoE routing copies each MoE layer's per-expert token counts to the host before
     the expert GEMMs, so the GPU then waits for the host to launch the rest of the layer:

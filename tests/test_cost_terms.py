@@ -639,14 +639,14 @@ def test_unfolded_experts_gather_every_routed_token_over_tp_and_nothing_hides_it
     tokens x hidden 16-bit values, beside attention's (and shared experts') tokens x hidden, in
     the dispatcher, outside the linears whose GEMMs userbuffers overlap. So a layer's tp time
     with the overlap keeps that pair whole, forward and backward, over the folded layer's. Megatron's
-    flex dispatcher (dedup) and runtimes whose record says nothing of it send no such pair
-    (RuntimeRules.expert_tp_gather)."""
+    flex dispatcher (dedup) sends the same copies inside its fused all-to-all, priced alike; a
+    runtime whose record says nothing of it sends no such pair (RuntimeRules.expert_tp_gather)."""
     from planner.cost.step import layer_cost, layer_ctx
     from planner.graph import Ctx, build_layers, layer_work
 
     model = load_model("mixtral-8x7b")
     moe = next(layer for layer in build_layers(model) if layer.experts)
-    for runtime, dispatcher, gathers in (("megatron", "alltoall", True), ("megatron", "dedup", False),
+    for runtime, dispatcher, gathers in (("megatron", "alltoall", True), ("megatron", "dedup", True),
                                          ("deepspeed", "", False)):
         setup = TrainingSetup(gpus=8, global_batch=8, seq_len=4096, runtime=runtime, moe_dispatcher=dispatcher)
         assert layer_ctx(model, setup, 4, 1, 2, 1, True).expert_tp_gather is gathers, (runtime, dispatcher)

@@ -482,7 +482,7 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
                eager_rope_bytes=rules.eager_rope_bytes,
                expanded_kv=rules.expanded_kv, cp_expanded_kv=rules.cp_expanded_kv, cp_rotation=rules.cp_rotation,
                moe_imbalance=setup.moe_imbalance if model.moe is not None else 1.0,
-               expert_tp_gather=rules.expert_tp_gather and setup.dispatcher == "alltoall")
+               expert_tp_gather=rules.expert_tp_gather)
 
 
 def base_mode(recompute: str) -> str:
