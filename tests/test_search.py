@@ -964,7 +964,8 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
     overlapped expert all-to-alls and the slowest groups priced): random candidates of random small dense and MoE setups on H100,
     their first and refined bounds against `estimate` on random splits and counts the runtime runs
     (the ideal space, torchtitan, Megatron), in bf16 and in fp8 under the runtime's recipes, with
-    gradients reduced in bf16 and weights gathered in fp8 where its record runs them."""
+    gradients reduced in bf16, weights gathered in fp8 and tp collectives left exposed where its
+    record runs them."""
     from planner.search import bounds as bounds_mod
     from planner.search.floors import SAFETY
 
@@ -990,6 +991,8 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
         setup = replace(setup, ep_overlap=True)  # the expert all-to-alls overlapped (--ep-overlap)
     if moe is not None and rules.moe_folding and rng.random() < 0.5:
         setup = replace(setup, moe_folding=True)  # expert layers without tensor parallelism
+    if rules.tp_overlap and rng.random() < 0.5:
+        setup = replace(setup, no_tp_overlap=True)  # the tp collectives left exposed (--no-tp-overlap)
     found = bounds_mod.bound_all(model, CLUSTER, setup, {}, rules)
     picks = rng.choice(len(found.bound_s), size=min(12, len(found.bound_s)), replace=False)
     refined, _ = found.refined_s(np.sort(picks))
