@@ -405,9 +405,11 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         gemms=tuple(gemms), attn_flops=attn_flops, attn_intensity=attn_int, elementwise_bytes=elementwise,
         core_elementwise_bytes=softmax_rw,
         tp_message_bytes=tokens * h * ACT_BYTES if tp > 1 else 0.0,
-        # attention's and the dense MLP's (a MoE layer's shared experts'); the experts' own, where
-        # they keep tp, is tp_expert_message_bytes
-        tp_collectives=0 if tp == 1 else 2 if layer.mlp_linears or not layer.experts else 1,
+        # attention's, the dense MLP's (a MoE layer's shared experts'), and an expert MLP's that
+        # keeps tp at tokens x hidden where the runtime's dispatcher does not gather for it (else
+        # its gather is tp_expert_message_bytes)
+        tp_collectives=(0 if tp == 1 else 1 + (1 if layer.mlp_linears or not layer.experts else 0)
+                        + (1 if layer.experts and etp > 1 and not ctx.expert_tp_gather else 0)),
         tp_expert_message_bytes=(expert_tokens * h * ACT_BYTES if layer.experts and etp > 1 and ctx.expert_tp_gather
                                  else 0.0),
         cp_message_bytes=(2 * b * (s / cp) * (q_local if ctx.cp_expanded_kv else kv_local) * layer.d_qk * ACT_BYTES

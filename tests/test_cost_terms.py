@@ -652,6 +652,9 @@ def test_unfolded_experts_gather_every_routed_token_over_tp_and_nothing_hides_it
         assert layer_ctx(model, setup, 4, 1, 2, 1, True).expert_tp_gather is gathers, (runtime, dispatcher)
     ctx = Ctx(micro_batch=1, seq_len=4096, tp=4, ep=2, sp=True, expert_tp_gather=True)
     assert layer_work(moe, replace(ctx, expert_tp_gather=False)).tp_expert_message_bytes == 0.0
+    # without the gather the expert MLP keeps the tokens x hidden pair it was priced with before
+    assert layer_work(moe, replace(ctx, expert_tp_gather=False)).tp_collectives == 2
+    assert layer_work(moe, ctx).tp_collectives == 1
     work = layer_work(moe, ctx)
     assert work.tp_message_bytes == 4096 * model.hidden * 2
     assert work.tp_expert_message_bytes == moe.top_k * 4096 * model.hidden * 2
