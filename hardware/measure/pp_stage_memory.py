@@ -1,0 +1,262 @@
+"""Measure what PyTorch's caching allocator reserves beyond what it allocates for the first rank
+of a 1F1B pipeline under FSDP2, on one GPU: the gap torchtitan's pipelined Llama 3.1 405B rows
+leave (README, "Where the model is weakest": 82.5 GiB of logged max_reserved with 1F1B where
+the buffers add to 57-61 GiB, and 75.3 GiB for the 32k x 1 shape of equal bytes).
+
+Run on a GPU (PyTorch with CUDA; nothing else):
+
+    python hardware/measure/pp_stage_memory.py > pp_stage_memory_<gpu>.json
+
+LAYERS decoder layers at one rank's shapes of Llama 3.1 405B under tp 8 with sequence
+parallelism (hidden 16384; 16 query heads and 1 key/value head of 128, the key/value expanded
+to every query head as torchtitan 9dec370's repeat_kv does; SwiGLU FFN 6656; eager RMSNorm; no
+RoPE), the sequence-parallel all-gather and reduce-scatter stood in by a concatenation and a sum
+of the same sizes, and the vocabulary shard of the embedding (16032 rows). Each layer and the
+embedding a unit of FSDP2 on a one-rank mesh with torchtitan's pipelined settings (bf16
+parameters, fp32 gradient reduction, reshard_after_forward False), each layer under full
+activation checkpointing. A step runs the micro-batches in the order torch.distributed.pipelining's
+Schedule1F1B gives stage 0 of PP (one_f_one_b), keeps every stage output to the step's end and a
+gradient receive buffer per micro-batch across steps (torch 2.6 stage.py output_chunks and
+_prepare_backward_infra), and leaves gradients unsynchronised, so FSDP2 accumulates them
+unsharded in fp32, until the last micro-batch's backward; then sets them to None, as an
+optimizer's zero_grad does (no optimizer runs: on one rank its states would be 8 times the
+sharded ones the published runs hold).
+
+For torchtitan's two shapes of a micro-batch (4 x 8192 and 1 x 32768 tokens) and two allocator
+settings (the default, and expandable_segments:True that torchtitan's single-node
+run_llama_train.sh sets and its multinode_trainer.slurm does not), each in a process of its own
+(PYTORCH_CUDA_ALLOC_CONF is read when CUDA initialises), it reports per step
+max_memory_allocated and max_memory_reserved, the allocation and reserve after the warm-up
+forwards, the allocator's retries and its peak inactive split bytes. reserved - allocated is
+what the cost model does not price; allocated is what it does. Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+TP, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 8, 16384, 16, 1, 128, 6656, 16032
+"""one rank's shapes of Llama 3.1 405B (hidden 16384, 128 heads, 8 KV heads, FFN 53248, vocab
+128256) under tensor parallelism 8"""
+LAYERS, PP, MICROBATCHES, STEPS = 8, 8, 8, 3
+SHAPES = {"8k-x4": (4, 8192), "32k-x1": (1, 32768)}
+"""torchtitan's Table 5 (local batch 32 over 8 micro-batches of 8192 tokens) and Table 6 (local
+batch 8 of 32768) micro-batches"""
+ALLOCATORS = {"default": "", "expandable": "expandable_segments:True"}
+TINY = {"TP": 2, "HIDDEN": 64, "HEADS": 4, "KV_HEADS": 1, "HEAD_DIM": 16, "FFN": 96, "VOCAB": 128, "LAYERS": 2,
+        "PP": 4, "MICROBATCHES": 4, "STEPS": 2}
+"""a shape small enough to run on a CPU (--device cpu), for trying the script without a GPU"""
+BUDGET_S = 180
+"""seconds after which it starts no further run (all.sh gives it 200); a run takes about 50 s on
+an H200 (three steps of 8 micro-batches through 8 layers, about 27 TFLOP a layer's forward)"""
+
+
+def one_f_one_b(pp: int, rank: int, microbatches: int) -> list[tuple[str, int]]:
+    """Schedule1F1B's order of forwards ('F', i) and backwards ('B', i) on stage `rank` of `pp`:
+    min(microbatches, pp - rank) forwards first, then one backward and one forward until the
+    forwards are done, then the remaining backwards (torch 2.6 distributed/pipelining/schedules.py
+    Schedule1F1B._step_microbatches, warmup_chunks)."""
+    warm = min(microbatches, pp - rank)
+    order = [("F", i) for i in range(warm)]
+    forwards = warm
+    for b in range(microbatches):
+        order.append(("B", b))
+        if forwards < microbatches:
+            order.append(("F", forwards))
+            forwards += 1
+    return order
+
+
+def _modules(torch, nn, F, checkpoint, dims):
+    tp, hidden, heads, kv, hd, ffn = (dims[k] for k in ("TP", "HIDDEN", "HEADS", "KV_HEADS", "HEAD_DIM", "FFN"))
+
+    def gather(t):  # the sequence-parallel all-gather: a [b, s/tp, h] shard to [b, s, h]
+        return torch.cat([t] * tp, dim=1)
+
+    def scatter(t):  # the reduce-scatter back to the shard
+        b, s, h = t.shape
+        return t.view(b, tp, s // tp, h).sum(1)
+
+    class RMSNorm(nn.Module):  # torchtitan's eager RMSNorm of late 2024
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(hidden))
+
+        def forward(self, x):
+            y = x.float()
+            return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention_norm, self.ffn_norm = RMSNorm(), RMSNorm()
+            self.wq = nn.Linear(hidden, heads * hd, bias=False)
+            self.wk = nn.Linear(hidden, kv * hd, bias=False)
+            self.wv = nn.Linear(hidden, kv * hd, bias=False)
+            self.wo = nn.Linear(heads * hd, hidden, bias=False)
+            self.w1 = nn.Linear(hidden, ffn, bias=False)
+            self.w3 = nn.Linear(hidden, ffn, bias=False)
+            self.w2 = nn.Linear(ffn, hidden, bias=False)
+
+        def forward(self, x):
+            h = gather(self.attention_norm(x))
+            b, s, _ = h.shape
+            q = self.wq(h).view(b, s, heads, hd).transpose(1, 2)
+            k, v = (w(h).view(b, s, kv, hd).repeat_interleave(heads // kv, dim=2).transpose(1, 2)
+                    for w in (self.wk, self.wv))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, heads * hd)
+            x = x + scatter(self.wo(o))
+            h = gather(self.ffn_norm(x))
+            return x + scatter(self.w2(F.silu(self.w1(h)) * self.w3(h)))
+
+    class Embedding(nn.Module):  # the vocabulary shard; rows outside it give zeros, summed over tp
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(dims["VOCAB"], hidden)
+
+        def forward(self, tokens):
+            return scatter(self.table(tokens))
+
+    class Stage(nn.Module):  # a pipeline stage's chunk of the model, each layer checkpointed whole
+        def __init__(self):
+            super().__init__()
+            self.embedding = Embedding()
+            self.layers = nn.ModuleList(Layer() for _ in range(dims["LAYERS"]))
+
+        def forward(self, tokens):
+            x = self.embedding(tokens)
+            for layer in self.layers:
+                x = checkpoint(layer, x, use_reentrant=False)
+            return x
+
+    return Stage
+
+
+def _fsdp(torch):
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # torch 2.4-2.5
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    return fully_shard, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def child(shape: str, device: str) -> dict:
+    """One allocator setting (the environment's) and one micro-batch shape: the readings of
+    STEPS steps of stage 0."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils.checkpoint import checkpoint
+
+    dims = dict(TP=TP, HIDDEN=HIDDEN, HEADS=HEADS, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM, FFN=FFN, VOCAB=VOCAB,
+                LAYERS=LAYERS, PP=PP, MICROBATCHES=MICROBATCHES, STEPS=STEPS)
+    micro_batch, seq = SHAPES[shape] if device == "cuda" else (2, 16)
+    if device == "cpu":
+        dims.update(TINY)
+    cuda = device == "cuda"
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    mesh = init_device_mesh(device, (1,))
+    fully_shard, policy = _fsdp(torch)
+    with torch.device(device):
+        stage = _modules(torch, nn, F, checkpoint, dims)()
+    for unit in (stage.embedding, *stage.layers, stage):  # torchtitan's units: each block, then the root
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+
+    tp, m = dims["TP"], dims["MICROBATCHES"]
+    shard = (micro_batch, seq // tp, dims["HIDDEN"])
+    grad_recv = [torch.empty(shard, device=device, dtype=torch.bfloat16) for _ in range(m)]
+    order = one_f_one_b(dims["PP"], 0, m)
+
+    def reading(name):
+        return {f"{name}_allocated_bytes": torch.cuda.memory_allocated(),
+                f"{name}_reserved_bytes": torch.cuda.memory_reserved()} if cuda else {}
+
+    def step():
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        tokens = [torch.randint(0, dims["VOCAB"], (micro_batch, seq), device=device) for _ in range(m)]
+        pending, outputs, out = {}, [], {}
+        for n, (kind, i) in enumerate(order):
+            if kind == "F":
+                y = stage(tokens[i])
+                pending[i] = y
+                outputs.append(y)  # output_chunks: every output kept to the step's end
+                if n + 1 < len(order) and order[n + 1][0] == "B" and not out:
+                    out.update(reading("after_warmup"))
+            else:
+                stage.set_requires_gradient_sync(i == m - 1)
+                grad_recv[i].normal_()  # the received gradient
+                pending.pop(i).backward(grad_recv[i])
+        del outputs
+        for p in stage.parameters():
+            p.grad = None
+        if cuda:
+            torch.cuda.synchronize()
+            stats = torch.cuda.memory_stats()
+            out.update({"max_allocated_bytes": torch.cuda.max_memory_allocated(),
+                        "max_reserved_bytes": torch.cuda.max_memory_reserved(),
+                        "alloc_retries": stats.get("num_alloc_retries", 0),
+                        "peak_inactive_split_bytes": stats.get("inactive_split_bytes.all.peak", 0)})
+        out["wall_s"] = time.perf_counter() - start
+        return out
+
+    steps = [step() for _ in range(dims["STEPS"])]
+    params = sum(p.numel() for p in stage.parameters())
+    dist.destroy_process_group()
+    return {"shape": shape, "micro_batch": micro_batch, "seq": seq, "layers": dims["LAYERS"],
+            "pp": dims["PP"], "microbatches": m, "params": params, "order": "".join(f"{k}{i}" for k, i in order),
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "steps": steps}
+
+
+def measure(device: str) -> dict:
+    import torch
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("pp_stage_memory.py measures a GPU: no CUDA device is visible (--device cpu tries it)")
+    out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+           "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
+           "script": "hardware/measure/pp_stage_memory.py",
+           "shape": {"tp": TP, "hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                     "ffn": FFN, "vocab": VOCAB, "layers": LAYERS, "pp": PP, "microbatches": MICROBATCHES}
+           if device == "cuda" else TINY, "runs": []}
+    began, longest = time.perf_counter(), 0.0
+    runs = [(shape, name, conf) for shape in (SHAPES if device == "cuda" else ["8k-x4"])
+            for name, conf in ALLOCATORS.items()]
+    for index, (shape, name, conf) in enumerate(runs):
+        if time.perf_counter() - began + longest > BUDGET_S:
+            out["runs"].append({"shape": shape, "allocator": name, "error": "skipped: out of time"})
+            continue
+        env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        env["MASTER_PORT"] = str(29533 + index)  # a store of its own, none left in TIME_WAIT
+        start = time.perf_counter()
+        run = subprocess.run([sys.executable, __file__, "--child", shape, "--device", device], env=env,
+                             capture_output=True, text=True)
+        longest = max(longest, time.perf_counter() - start)
+        try:
+            row = json.loads(run.stdout)
+        except json.JSONDecodeError:
+            row = {"shape": shape, "error": (run.stderr or run.stdout)[-400:]}
+        out["runs"].append({"allocator": name, **row})
+    return out
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    where = args[args.index("--device") + 1] if "--device" in args else "cuda"
+    if "--child" in args:
+        json.dump(child(args[args.index("--child") + 1], where), sys.stdout)
+    else:
+        json.dump(measure(where), sys.stdout, indent=1)
+    print()
