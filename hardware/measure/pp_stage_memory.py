@@ -29,10 +29,15 @@ run_llama_train.sh sets and its multinode_trainer.slurm does not), each in a pro
 max_memory_allocated and max_memory_reserved, the allocation and reserve after the warm-up
 forwards, the allocator's retries and its peak inactive split bytes. reserved - allocated is
 what the cost model does not price; allocated is what it does. Prints one JSON document.
+
+On a CPU (--device cpu) a run takes TINY's shape, or the one --dims JSON gives, and counts the
+tensors that live with torch's MemTracker (max_tracked_bytes): tests/test_measure_scripts.py
+compares that with the memory model's price of the same stage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -49,8 +54,9 @@ SHAPES = {"8k-x4": (4, 8192), "32k-x1": (1, 32768)}
 batch 8 of 32768) micro-batches"""
 ALLOCATORS = {"default": "", "expandable": "expandable_segments:True"}
 TINY = {"TP": 2, "HIDDEN": 64, "HEADS": 4, "KV_HEADS": 1, "HEAD_DIM": 16, "FFN": 96, "VOCAB": 128, "LAYERS": 2,
-        "PP": 4, "MICROBATCHES": 4, "STEPS": 2}
-"""a shape small enough to run on a CPU (--device cpu), for trying the script without a GPU"""
+        "PP": 4, "MICROBATCHES": 4, "STEPS": 2, "MICRO_BATCH": 2, "SEQ": 16}
+"""a shape small enough to run on a CPU (--device cpu; --dims JSON overrides any of it), where the
+tensors live are counted by torch's MemTracker instead of the caching allocator"""
 BUDGET_S = 180
 """seconds after which it starts no further run (all.sh gives it 200); a run takes about 50 s on
 an H200 (three steps of 8 micro-batches through 8 layers, about 27 TFLOP a layer's forward)"""
@@ -145,9 +151,27 @@ def _fsdp(torch):
     return fully_shard, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def child(shape: str, device: str) -> dict:
-    """One allocator setting (the environment's) and one micro-batch shape: the readings of
-    STEPS steps of stage 0."""
+def _cpu_tracker(torch):
+    """torch's MemTracker counting every tensor that lives, without its per-module statistics
+    (it refuses a module called more than once while it tracks, and a stage calls each layer once
+    per micro-batch)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        def _pre_fw_hook(self, *args, **kwargs):
+            pass
+
+        _post_fw_hook = _pre_bw_hook = _post_bw_hook = _pre_fw_hook
+
+        def peak_bytes(self):
+            return self.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+    return StepTracker()
+
+
+def child(shape: str, device: str, overrides: dict | None = None) -> dict:
+    """One allocator setting (the environment's) and one micro-batch shape (on a CPU: TINY, with
+    `overrides`): the readings of STEPS steps of stage 0."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -157,9 +181,9 @@ def child(shape: str, device: str) -> dict:
 
     dims = dict(TP=TP, HIDDEN=HIDDEN, HEADS=HEADS, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM, FFN=FFN, VOCAB=VOCAB,
                 LAYERS=LAYERS, PP=PP, MICROBATCHES=MICROBATCHES, STEPS=STEPS)
-    micro_batch, seq = SHAPES[shape] if device == "cuda" else (2, 16)
     if device == "cpu":
-        dims.update(TINY)
+        dims.update(TINY, **(overrides or {}))
+    micro_batch, seq = SHAPES[shape] if device == "cuda" else (dims["MICRO_BATCH"], dims["SEQ"])
     cuda = device == "cuda"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
@@ -186,19 +210,25 @@ def child(shape: str, device: str) -> dict:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         tokens = [torch.randint(0, dims["VOCAB"], (micro_batch, seq), device=device) for _ in range(m)]
+        tracker = contextlib.nullcontext() if cuda else _cpu_tracker(torch)
+        if not cuda:
+            tracker.track_external(stage, *grad_recv, *tokens)
         pending, outputs, out = {}, [], {}
-        for n, (kind, i) in enumerate(order):
-            if kind == "F":
-                y = stage(tokens[i])
-                pending[i] = y
-                outputs.append(y)  # output_chunks: every output kept to the step's end
-                if n + 1 < len(order) and order[n + 1][0] == "B" and not out:
-                    out.update(reading("after_warmup"))
-            else:
-                stage.set_requires_gradient_sync(i == m - 1)
-                grad_recv[i].normal_()  # the received gradient
-                pending.pop(i).backward(grad_recv[i])
-        del outputs
+        with tracker:
+            for n, (kind, i) in enumerate(order):
+                if kind == "F":
+                    y = stage(tokens[i])
+                    pending[i] = y
+                    outputs.append(y)  # output_chunks: every output kept to the step's end
+                    if n + 1 < len(order) and order[n + 1][0] == "B" and not out:
+                        out.update(reading("after_warmup"))
+                else:
+                    stage.set_requires_gradient_sync(i == m - 1)
+                    grad_recv[i].normal_()  # the received gradient
+                    pending.pop(i).backward(grad_recv[i])
+            del outputs
+        if not cuda:
+            out["max_tracked_bytes"] = tracker.peak_bytes()
         for p in stage.parameters():
             p.grad = None
         if cuda:
@@ -256,7 +286,8 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     where = args[args.index("--device") + 1] if "--device" in args else "cuda"
     if "--child" in args:
-        json.dump(child(args[args.index("--child") + 1], where), sys.stdout)
+        dims = json.loads(args[args.index("--dims") + 1]) if "--dims" in args else None
+        json.dump(child(args[args.index("--child") + 1], where, dims), sys.stdout)
     else:
         json.dump(measure(where), sys.stdout, indent=1)
     print()
