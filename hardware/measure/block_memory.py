@@ -29,6 +29,8 @@ import json
 import sys
 from collections import defaultdict
 
+from torchtitan_ops import rms_norm
+
 HIDDEN, HEADS, KV_HEADS, FFN = 4096, 32, 8, 14336
 LAYERS, MICRO_BATCH, SEQ = 4, 2, 8192
 
@@ -36,15 +38,7 @@ LAYERS, MICRO_BATCH, SEQ = 4, 2, 8192
 def _model(torch, nn, F):
     head_dim = HIDDEN // HEADS
 
-    class RMSNorm(nn.Module):  # torchtitan's eager RMSNorm of late 2024
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(HIDDEN))
-
-        def forward(self, x):
-            y = x.float()
-            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)
-            return y.type_as(x) * self.weight
+    RMSNorm = rms_norm(torch, nn, HIDDEN)
 
     def rope(x, freqs):
         xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))

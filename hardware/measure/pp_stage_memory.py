@@ -45,6 +45,8 @@ import subprocess
 import sys
 import time
 
+from torchtitan_ops import rms_norm
+
 TP, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 8, 16384, 16, 1, 128, 6656, 16032
 """one rank's shapes of Llama 3.1 405B (hidden 16384, 128 heads, 8 KV heads, FFN 53248, vocab
 128256) under tensor parallelism 8"""
@@ -88,14 +90,7 @@ def _modules(torch, nn, F, checkpoint, dims):
         b, s, h = t.shape
         return t.view(b, tp, s // tp, h).sum(1)
 
-    class RMSNorm(nn.Module):  # torchtitan's eager RMSNorm of late 2024
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(hidden))
-
-        def forward(self, x):
-            y = x.float()
-            return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
+    RMSNorm = rms_norm(torch, nn, hidden)
 
     class Layer(nn.Module):
         def __init__(self):
