@@ -123,19 +123,37 @@ def _modules(torch, nn, F, checkpoint, dims):
         def forward(self, tokens):
             return scatter(self.table(tokens))
 
-    class Stage(nn.Module):  # a pipeline stage's chunk of the model, each layer checkpointed whole
+    class Head(nn.Module):  # the final norm and the vocabulary shard of the output layer: the logits
         def __init__(self):
             super().__init__()
-            self.embedding = Embedding()
-            self.layers = nn.ModuleList(Layer() for _ in range(dims["LAYERS"]))
+            self.norm = RMSNorm()
+            self.output = nn.Linear(hidden, dims["VOCAB"] // tp, bias=False)
 
-        def forward(self, tokens):
-            x = self.embedding(tokens)
+        def forward(self, x):
+            return self.output(gather(self.norm(x)))
+
+    class Stage(nn.Module):  # a pipeline stage's chunk of the model, each layer checkpointed whole
+        def __init__(self, last: bool):
+            super().__init__()
+            self.embedding = None if last else Embedding()
+            self.layers = nn.ModuleList(Layer() for _ in range(dims["LAYERS"]))
+            self.head = Head() if last else None
+
+        def forward(self, x):
+            x = x if self.embedding is None else self.embedding(x)
             for layer in self.layers:
                 x = checkpoint(layer, x, use_reentrant=False)
-            return x
+            return x if self.head is None else self.head(x)
 
     return Stage
+
+
+def _free_port() -> int:
+    """A TCP port no process listens on now, for the one-rank process group's store."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _fsdp(torch):
@@ -181,19 +199,27 @@ def child(shape: str, device: str, overrides: dict | None = None) -> dict:
     micro_batch, seq = SHAPES[shape] if device == "cuda" else (dims["MICRO_BATCH"], dims["SEQ"])
     cuda = device == "cuda"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
     mesh = init_device_mesh(device, (1,))
     fully_shard, policy = _fsdp(torch)
+    rank = dims.get("RANK", 0)
+    last = rank == dims["PP"] - 1
     with torch.device(device):
-        stage = _modules(torch, nn, F, checkpoint, dims)()
-    for unit in (stage.embedding, *stage.layers, stage):  # torchtitan's units: each block, then the root
+        stage = _modules(torch, nn, F, checkpoint, dims)(last)
+    ends = [unit for unit in (stage.embedding, stage.head) if unit is not None]
+    for unit in (*stage.layers, *ends, stage):  # torchtitan's units: each block, the ends, then the root
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
     tp, m = dims["TP"], dims["MICROBATCHES"]
     shard = (micro_batch, seq // tp, dims["HIDDEN"])
-    grad_recv = [torch.empty(shard, device=device, dtype=torch.bfloat16) for _ in range(m)]
-    order = one_f_one_b(dims["PP"], 0, m)
+    # the stage's receive buffers, one a micro-batch, kept across steps (torch 2.6 stage.py
+    # _prepare_forward_infra and _prepare_backward_infra): the output's gradient on every stage
+    # but the last, the input (and the gradient it gets) on every stage but the first
+    grad_recv = [] if last else [torch.empty(shard, device=device, dtype=torch.bfloat16) for _ in range(m)]
+    input_recv = [] if rank == 0 else [torch.empty(shard, device=device, dtype=torch.bfloat16, requires_grad=True)
+                                       for _ in range(m)]
+    order = one_f_one_b(dims["PP"], rank, m)
 
     def reading(name):
         return {f"{name}_allocated_bytes": torch.cuda.memory_allocated(),
@@ -207,20 +233,28 @@ def child(shape: str, device: str, overrides: dict | None = None) -> dict:
         tokens = [torch.randint(0, dims["VOCAB"], (micro_batch, seq), device=device) for _ in range(m)]
         tracker = contextlib.nullcontext() if cuda else _cpu_tracker(torch)
         if not cuda:
-            tracker.track_external(stage, *grad_recv, *tokens)
+            tracker.track_external(stage, *grad_recv, *input_recv, *tokens)
         pending, outputs, out = {}, [], {}
         with tracker:
             for n, (kind, i) in enumerate(order):
                 if kind == "F":
-                    y = stage(tokens[i])
-                    pending[i] = y
+                    if input_recv:
+                        with torch.no_grad():
+                            input_recv[i].normal_()  # the received activation
+                    y = stage(input_recv[i] if input_recv else tokens[i])
                     outputs.append(y)  # output_chunks: every output kept to the step's end
+                    # the last stage's loss, torchtitan 9dec370's: cross entropy of the fp32 logits
+                    labels = tokens[i].flatten() % y.shape[-1]  # within the vocabulary shard
+                    pending[i] = F.cross_entropy(y.flatten(0, 1).float(), labels) if last else y
                     if n + 1 < len(order) and order[n + 1][0] == "B" and not out:
                         out.update(reading("after_warmup"))
                 else:
                     stage.set_requires_gradient_sync(i == m - 1)
-                    grad_recv[i].normal_()  # the received gradient
-                    pending.pop(i).backward(grad_recv[i])
+                    if last:
+                        pending.pop(i).backward()
+                    else:
+                        grad_recv[i].normal_()  # the received gradient
+                        pending.pop(i).backward(grad_recv[i])
             del outputs
         if not cuda:
             out["max_tracked_bytes"] = tracker.peak_bytes()
@@ -240,7 +274,7 @@ def child(shape: str, device: str, overrides: dict | None = None) -> dict:
     params = sum(p.numel() for p in stage.parameters())
     dist.destroy_process_group()
     return {"shape": shape, "micro_batch": micro_batch, "seq": seq, "layers": dims["LAYERS"],
-            "pp": dims["PP"], "microbatches": m, "params": params, "order": "".join(f"{k}{i}" for k, i in order),
+            "pp": dims["PP"], "rank": rank, "microbatches": m, "params": params, "order": "".join(f"{k}{i}" for k, i in order),
             "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "steps": steps}
 
 
@@ -257,14 +291,14 @@ def measure(device: str) -> dict:
     began, longest = time.perf_counter(), 0.0
     runs = [(shape, name, conf) for shape in (SHAPES if device == "cuda" else ["8k-x4"])
             for name, conf in ALLOCATORS.items()]
-    for index, (shape, name, conf) in enumerate(runs):
+    for shape, name, conf in runs:
         if time.perf_counter() - began + longest > BUDGET_S:
             out["runs"].append({"shape": shape, "allocator": name, "error": "skipped: out of time"})
             continue
         env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
         if conf:
             env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-        env["MASTER_PORT"] = str(29533 + index)  # a store of its own, none left in TIME_WAIT
+        env["MASTER_PORT"] = str(_free_port())  # a store of its own, none left in TIME_WAIT
         start = time.perf_counter()
         run = subprocess.run([sys.executable, __file__, "--child", shape, "--device", device], env=env,
                              capture_output=True, text=True)
