@@ -1,38 +1,43 @@
-"""Measure what PyTorch's caching allocator reserves beyond what it allocates for the first rank
-of a 1F1B pipeline under FSDP2, on one GPU: the gap torchtitan's pipelined Llama 3.1 405B rows
-leave (README, "Where the model is weakest": 82.5 GiB of logged max_reserved with 1F1B where
-the buffers add to 57-61 GiB, and 75.3 GiB for the 32k x 1 shape of equal bytes).
+"""Measure what PyTorch's caching allocator reserves beyond what it allocates for a rank of a
+1F1B pipeline under FSDP2, on one GPU: the gap torchtitan's pipelined Llama 3.1 405B rows leave
+(README, "Where the model is weakest": 82.5 GiB of logged max_reserved with 1F1B where the
+buffers add to 57-61 GiB, and 75.3 GiB for the 32k x 1 shape of equal bytes).
 
 Run on a GPU (PyTorch with CUDA; nothing else):
 
     python hardware/measure/pp_stage_memory.py > pp_stage_memory_<gpu>.json
 
-LAYERS decoder layers at one rank's shapes of Llama 3.1 405B under tp 8 with sequence
-parallelism (hidden 16384; 16 query heads and 1 key/value head of 128, the key/value expanded
-to every query head as torchtitan 9dec370's repeat_kv does; SwiGLU FFN 6656; eager RMSNorm; no
+The stage: LAYERS decoder layers at one rank's shapes of Llama 3.1 405B under tp 8 with sequence
+parallelism (hidden 16384; 16 query heads and 1 key/value head of 128, the key/value expanded to
+every query head as torchtitan 9dec370's repeat_kv does; SwiGLU FFN 6656; eager RMSNorm; no
 RoPE), the sequence-parallel all-gather and reduce-scatter stood in by a concatenation and a sum
-of the same sizes, and the vocabulary shard of the embedding (16032 rows). Each layer and the
-embedding a unit of FSDP2 on a one-rank mesh with torchtitan's pipelined settings (bf16
-parameters, fp32 gradient reduction, reshard_after_forward False), each layer under full
-activation checkpointing. A step runs the micro-batches in the order torch.distributed.pipelining's
-Schedule1F1B gives stage 0 of PP (one_f_one_b), keeps every stage output to the step's end and a
-gradient receive buffer per micro-batch across steps (torch 2.6 stage.py output_chunks and
-_prepare_backward_infra), and leaves gradients unsynchronised, so FSDP2 accumulates them
-unsharded in fp32, until the last micro-batch's backward; then sets them to None, as an
+of the same sizes; the first rank has the vocabulary shard of the embedding (16032 rows), the
+last the final norm, the output layer's shard and torchtitan's loss (cross entropy of the fp32
+logits). FSDP2 on a one-rank mesh with torchtitan 9dec370's pipelined settings (each block a
+unit, then the root; bf16 parameters, fp32 gradient reduction, reshard_after_forward False),
+each layer under full activation checkpointing. A step runs the micro-batches in the order
+torch.distributed.pipelining's Schedule1F1B gives the rank (one_f_one_b), runs each backward as
+that library's stage does under FSDP2 (backward: gradient sync, resharding and the last-backward
+flag off, so FSDP2 keeps the bf16 weights and accumulates unsharded fp32 gradients; after the
+last, every FSDP state's post-backward), keeps every stage output to the step's end and a
+receive buffer per micro-batch across steps (torch 2.6 stage.py output_chunks,
+_prepare_forward_infra, _prepare_backward_infra), then sets the gradients to None as an
 optimizer's zero_grad does (no optimizer runs: on one rank its states would be 8 times the
 sharded ones the published runs hold).
 
 For torchtitan's two shapes of a micro-batch (4 x 8192 and 1 x 32768 tokens) and two allocator
 settings (the default, and expandable_segments:True that torchtitan's single-node
 run_llama_train.sh sets and its multinode_trainer.slurm does not), each in a process of its own
-(PYTORCH_CUDA_ALLOC_CONF is read when CUDA initialises), it reports per step
+(PYTORCH_CUDA_ALLOC_CONF is read when CUDA initialises), the first rank's stage; per step
 max_memory_allocated and max_memory_reserved, the allocation and reserve after the warm-up
-forwards, the allocator's retries and its peak inactive split bytes. reserved - allocated is
-what the cost model does not price; allocated is what it does. Prints one JSON document.
+forwards, the allocator's retries in the step and its peak inactive split bytes.
+reserved - allocated is what the cost model does not price; allocated is what it does. Prints one
+JSON document, also when a run fails or runs out of time (that run's entry says so).
 
-On a CPU (--device cpu) a run takes TINY's shape, or the one --dims JSON gives, and counts the
-tensors that live with torch's MemTracker (max_tracked_bytes): tests/test_measure_scripts.py
-compares that with the memory model's price of the same stage.
+On a CPU (--device cpu) a run takes TINY's shape, or the one --dims JSON gives (its keys: those
+of TINY, RANK among them), and counts the tensors that live with torch's MemTracker
+(max_tracked_bytes): tests/test_measure_scripts.py compares that with the memory model's price of
+the same stage.
 """
 
 from __future__ import annotations
@@ -45,23 +50,22 @@ import subprocess
 import sys
 import time
 
-from torchtitan_ops import rms_norm
-
-TP, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 8, 16384, 16, 1, 128, 6656, 16032
+GPU_DIMS = {"TP": 8, "HIDDEN": 16384, "HEADS": 16, "KV_HEADS": 1, "HEAD_DIM": 128, "FFN": 6656, "VOCAB": 16032,
+            "LAYERS": 8, "PP": 8, "RANK": 0, "MICROBATCHES": 8, "STEPS": 2}
 """one rank's shapes of Llama 3.1 405B (hidden 16384, 128 heads, 8 KV heads, FFN 53248, vocab
-128256) under tensor parallelism 8"""
-LAYERS, PP, MICROBATCHES, STEPS = 8, 8, 8, 3
+128256) under tensor parallelism 8, on the first of 8 pipeline ranks, 8 micro-batches a step"""
 SHAPES = {"8k-x4": (4, 8192), "32k-x1": (1, 32768)}
-"""torchtitan's Table 5 (local batch 32 over 8 micro-batches of 8192 tokens) and Table 6 (local
-batch 8 of 32768) micro-batches"""
+"""(micro-batch, sequence) of torchtitan's Table 5 (local batch 32 over 8 micro-batches of 8192
+tokens) and Table 6 (local batch 8 of 32768)"""
 ALLOCATORS = {"default": "", "expandable": "expandable_segments:True"}
-TINY = {"TP": 2, "HIDDEN": 64, "HEADS": 4, "KV_HEADS": 1, "HEAD_DIM": 16, "FFN": 96, "VOCAB": 128, "LAYERS": 2,
-        "PP": 4, "MICROBATCHES": 4, "STEPS": 2, "MICRO_BATCH": 2, "SEQ": 16}
-"""a shape small enough to run on a CPU (--device cpu; --dims JSON overrides any of it), where the
-tensors live are counted by torch's MemTracker instead of the caching allocator"""
+TINY = {**GPU_DIMS, "TP": 2, "HIDDEN": 64, "HEADS": 4, "HEAD_DIM": 16, "FFN": 96, "VOCAB": 128, "LAYERS": 2,
+        "PP": 4, "MICROBATCHES": 4, "MICRO_BATCH": 2, "SEQ": 16}
+"""a shape small enough for a CPU (--device cpu; --dims JSON overrides any of its keys), where the
+tensors that live are counted by torch's MemTracker instead of the caching allocator"""
 BUDGET_S = 180
-"""seconds after which it starts no further run (all.sh gives it 200); a run takes about 50 s on
-an H200 (three steps of 8 micro-batches through 8 layers, about 27 TFLOP a layer's forward)"""
+"""seconds the GPU runs may take in all (all.sh gives the script 200): a run gets what is left; one
+takes about 40 s on an H200 (two steps of 8 micro-batches through 8 layers, about 27 TFLOP a
+layer's forward)"""
 
 
 def one_f_one_b(pp: int, rank: int, microbatches: int) -> list[tuple[str, int]]:
@@ -80,8 +84,24 @@ def one_f_one_b(pp: int, rank: int, microbatches: int) -> list[tuple[str, int]]:
     return order
 
 
+def stage_dims(shape: str, device: str, overrides: dict | None = None) -> dict:
+    """The run's dimensions: GPU_DIMS at SHAPES[shape] on a GPU, TINY on a CPU, with `overrides`
+    (only TINY's keys; RANK within the pipeline)."""
+    base = dict(GPU_DIMS, MICRO_BATCH=SHAPES[shape][0], SEQ=SHAPES[shape][1]) if device == "cuda" else dict(TINY)
+    unknown = sorted(set(overrides or {}) - set(TINY))
+    if unknown:
+        raise SystemExit(f"--dims: unknown key(s) {', '.join(unknown)}; expected some of {', '.join(sorted(TINY))}")
+    dims = {**base, **(overrides or {})}
+    if not 0 <= dims["RANK"] < dims["PP"]:
+        raise SystemExit(f"--dims: RANK must be a pipeline rank, 0 to PP - 1 = {dims['PP'] - 1}, got {dims['RANK']}")
+    return dims
+
+
 def _modules(torch, nn, F, checkpoint, dims):
+    from torchtitan_ops import rms_norm  # beside this script, on sys.path when it runs
+
     tp, hidden, heads, kv, hd, ffn = (dims[k] for k in ("TP", "HIDDEN", "HEADS", "KV_HEADS", "HEAD_DIM", "FFN"))
+    RMSNorm = rms_norm(torch, nn, hidden)
 
     def gather(t):  # the sequence-parallel all-gather: a [b, s/tp, h] shard to [b, s, h]
         return torch.cat([t] * tp, dim=1)
@@ -89,8 +109,6 @@ def _modules(torch, nn, F, checkpoint, dims):
     def scatter(t):  # the reduce-scatter back to the shard
         b, s, h = t.shape
         return t.view(b, tp, s // tp, h).sum(1)
-
-    RMSNorm = rms_norm(torch, nn, hidden)
 
     class Layer(nn.Module):
         def __init__(self):
@@ -132,10 +150,10 @@ def _modules(torch, nn, F, checkpoint, dims):
         def forward(self, x):
             return self.output(gather(self.norm(x)))
 
-    class Stage(nn.Module):  # a pipeline stage's chunk of the model, each layer checkpointed whole
-        def __init__(self, last: bool):
+    class Stage(nn.Module):  # a pipeline rank's chunk of the model, each layer checkpointed whole
+        def __init__(self, first: bool, last: bool):
             super().__init__()
-            self.embedding = None if last else Embedding()
+            self.embedding = Embedding() if first else None
             self.layers = nn.ModuleList(Layer() for _ in range(dims["LAYERS"]))
             self.head = Head() if last else None
 
@@ -148,20 +166,36 @@ def _modules(torch, nn, F, checkpoint, dims):
     return Stage
 
 
-def _free_port() -> int:
-    """A TCP port no process listens on now, for the one-rank process group's store."""
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _fsdp(torch):
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch 2.4-2.5
         from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
     return fully_shard, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _pipelined_backward(fully_shard, stage, loss_or_output, grad, last: bool) -> None:
+    """One micro-batch's backward as torch.distributed.pipelining's stage runs it under FSDP2
+    (torch 2.6 stage.py backward_maybe_with_nosync; 2.13 splits the last part into
+    perform_reduce_grad): gradient sync, post-backward resharding and the last-backward flag off,
+    so FSDP2 keeps the bf16 weights and accumulates unsharded fp32 gradients; after the `last`,
+    each FSDP state's post_backward (its reduce-scatter) by hand and the root's final callback."""
+    stage.set_is_last_backward(False)
+    stage.set_reshard_after_backward(False)
+    stage.set_requires_gradient_sync(False)
+    loss_or_output.backward(grad)
+    if not last:
+        return
+    stage.set_is_last_backward(True)
+    stage.set_reshard_after_backward(True)
+    stage.set_requires_gradient_sync(True)
+    root = fully_shard.state(stage)
+    for state in root._state_ctx.all_states:
+        groups = getattr(state, "_fsdp_param_groups", None)  # torch 2.8 and later: a list
+        for group in groups if groups is not None else [state._fsdp_param_group]:
+            if group is not None:
+                group.post_backward()
+    root._root_post_backward_final_callback()
 
 
 def _cpu_tracker(torch):
@@ -183,8 +217,8 @@ def _cpu_tracker(torch):
 
 
 def child(shape: str, device: str, overrides: dict | None = None) -> dict:
-    """One allocator setting (the environment's) and one micro-batch shape (on a CPU: TINY, with
-    `overrides`): the readings of STEPS steps of stage 0."""
+    """One allocator setting (the environment's), one micro-batch shape and one pipeline rank
+    (stage_dims): the readings of each of its STEPS steps."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -192,40 +226,33 @@ def child(shape: str, device: str, overrides: dict | None = None) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.utils.checkpoint import checkpoint
 
-    dims = dict(TP=TP, HIDDEN=HIDDEN, HEADS=HEADS, KV_HEADS=KV_HEADS, HEAD_DIM=HEAD_DIM, FFN=FFN, VOCAB=VOCAB,
-                LAYERS=LAYERS, PP=PP, MICROBATCHES=MICROBATCHES, STEPS=STEPS)
-    if device == "cpu":
-        dims.update(TINY, **(overrides or {}))
-    micro_batch, seq = SHAPES[shape] if device == "cuda" else (dims["MICRO_BATCH"], dims["SEQ"])
+    dims = stage_dims(shape, device, overrides)
     cuda = device == "cuda"
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     mesh = init_device_mesh(device, (1,))
     fully_shard, policy = _fsdp(torch)
-    rank = dims.get("RANK", 0)
-    last = rank == dims["PP"] - 1
+    rank, pp, m = dims["RANK"], dims["PP"], dims["MICROBATCHES"]
+    first, last = rank == 0, rank == pp - 1
     with torch.device(device):
-        stage = _modules(torch, nn, F, checkpoint, dims)(last)
-    ends = [unit for unit in (stage.embedding, stage.head) if unit is not None]
-    for unit in (*stage.layers, *ends, stage):  # torchtitan's units: each block, the ends, then the root
+        stage = _modules(torch, nn, F, checkpoint, dims)(first, last)
+    for unit in (*stage.layers, stage):  # torchtitan 9dec370 apply_fsdp: each block, then the root
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
-    tp, m = dims["TP"], dims["MICROBATCHES"]
-    shard = (micro_batch, seq // tp, dims["HIDDEN"])
-    # the stage's receive buffers, one a micro-batch, kept across steps (torch 2.6 stage.py
-    # _prepare_forward_infra and _prepare_backward_infra): the output's gradient on every stage
-    # but the last, the input (and the gradient it gets) on every stage but the first
+    micro_batch, seq = dims["MICRO_BATCH"], dims["SEQ"]
+    shard = (micro_batch, seq // dims["TP"], dims["HIDDEN"])
+    # the stage's receive buffers, one a micro-batch, kept across steps: the output's gradient on
+    # every rank but the last, the input (and the gradient it gets) on every rank but the first
     grad_recv = [] if last else [torch.empty(shard, device=device, dtype=torch.bfloat16) for _ in range(m)]
-    input_recv = [] if rank == 0 else [torch.empty(shard, device=device, dtype=torch.bfloat16, requires_grad=True)
-                                       for _ in range(m)]
-    order = one_f_one_b(dims["PP"], rank, m)
+    input_recv = [] if first else [torch.empty(shard, device=device, dtype=torch.bfloat16, requires_grad=True)
+                                   for _ in range(m)]
+    order = one_f_one_b(pp, rank, m)
 
     def reading(name):
         return {f"{name}_allocated_bytes": torch.cuda.memory_allocated(),
                 f"{name}_reserved_bytes": torch.cuda.memory_reserved()} if cuda else {}
 
     def step():
+        retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -234,27 +261,28 @@ def child(shape: str, device: str, overrides: dict | None = None) -> dict:
         tracker = contextlib.nullcontext() if cuda else _cpu_tracker(torch)
         if not cuda:
             tracker.track_external(stage, *grad_recv, *input_recv, *tokens)
-        pending, outputs, out = {}, [], {}
+        pending, outputs, ran, out = {}, [], [], {}
         with tracker:
             for n, (kind, i) in enumerate(order):
+                ran.append(f"{kind}{i}")
                 if kind == "F":
-                    if input_recv:
+                    if not first:
                         with torch.no_grad():
                             input_recv[i].normal_()  # the received activation
-                    y = stage(input_recv[i] if input_recv else tokens[i])
+                    y = stage(tokens[i] if first else input_recv[i])
                     outputs.append(y)  # output_chunks: every output kept to the step's end
-                    # the last stage's loss, torchtitan 9dec370's: cross entropy of the fp32 logits
-                    labels = tokens[i].flatten() % y.shape[-1]  # within the vocabulary shard
-                    pending[i] = F.cross_entropy(y.flatten(0, 1).float(), labels) if last else y
+                    if last:  # torchtitan 9dec370's loss: cross entropy of the fp32 logits
+                        labels = tokens[i].flatten() % y.shape[-1]  # within the vocabulary shard
+                        pending[i] = F.cross_entropy(y.flatten(0, 1).float(), labels)
+                    else:
+                        pending[i] = y
                     if n + 1 < len(order) and order[n + 1][0] == "B" and not out:
                         out.update(reading("after_warmup"))
                 else:
-                    stage.set_requires_gradient_sync(i == m - 1)
-                    if last:
-                        pending.pop(i).backward()
-                    else:
+                    if not last:
                         grad_recv[i].normal_()  # the received gradient
-                        pending.pop(i).backward(grad_recv[i])
+                    _pipelined_backward(fully_shard, stage, pending.pop(i), None if last else grad_recv[i],
+                                        i == m - 1)
             del outputs
         if not cuda:
             out["max_tracked_bytes"] = tracker.peak_bytes()
@@ -265,17 +293,17 @@ def child(shape: str, device: str, overrides: dict | None = None) -> dict:
             stats = torch.cuda.memory_stats()
             out.update({"max_allocated_bytes": torch.cuda.max_memory_allocated(),
                         "max_reserved_bytes": torch.cuda.max_memory_reserved(),
-                        "alloc_retries": stats.get("num_alloc_retries", 0),
+                        "alloc_retries": stats.get("num_alloc_retries", 0) - retries,
                         "peak_inactive_split_bytes": stats.get("inactive_split_bytes.all.peak", 0)})
+        out["ran"] = "".join(ran)
         out["wall_s"] = time.perf_counter() - start
         return out
 
     steps = [step() for _ in range(dims["STEPS"])]
     params = sum(p.numel() for p in stage.parameters())
     dist.destroy_process_group()
-    return {"shape": shape, "micro_batch": micro_batch, "seq": seq, "layers": dims["LAYERS"],
-            "pp": dims["PP"], "rank": rank, "microbatches": m, "params": params, "order": "".join(f"{k}{i}" for k, i in order),
-            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "steps": steps}
+    return {"shape": shape, "dims": dims, "params": params, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            "steps": steps}
 
 
 def measure(device: str) -> dict:
@@ -284,29 +312,28 @@ def measure(device: str) -> dict:
         raise SystemExit("pp_stage_memory.py measures a GPU: no CUDA device is visible (--device cpu tries it)")
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
            "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
-           "script": "hardware/measure/pp_stage_memory.py",
-           "shape": {"tp": TP, "hidden": HIDDEN, "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
-                     "ffn": FFN, "vocab": VOCAB, "layers": LAYERS, "pp": PP, "microbatches": MICROBATCHES}
-           if device == "cuda" else TINY, "runs": []}
-    began, longest = time.perf_counter(), 0.0
-    runs = [(shape, name, conf) for shape in (SHAPES if device == "cuda" else ["8k-x4"])
-            for name, conf in ALLOCATORS.items()]
+           "script": "hardware/measure/pp_stage_memory.py", "runs": []}
+    # a CPU has no caching allocator to set: one run there
+    runs = ([(shape, name, conf) for shape in SHAPES for name, conf in ALLOCATORS.items()] if device == "cuda"
+            else [("tiny", "default", "")])
+    began = time.perf_counter()
     for shape, name, conf in runs:
-        if time.perf_counter() - began + longest > BUDGET_S:
+        left = BUDGET_S - (time.perf_counter() - began)
+        if left < 10:
             out["runs"].append({"shape": shape, "allocator": name, "error": "skipped: out of time"})
             continue
         env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
         if conf:
             env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-        env["MASTER_PORT"] = str(_free_port())  # a store of its own, none left in TIME_WAIT
-        start = time.perf_counter()
-        run = subprocess.run([sys.executable, __file__, "--child", shape, "--device", device], env=env,
-                             capture_output=True, text=True)
-        longest = max(longest, time.perf_counter() - start)
         try:
-            row = json.loads(run.stdout)
+            run = subprocess.run([sys.executable, __file__, "--child", shape, "--device", device], env=env,
+                                 capture_output=True, text=True, timeout=left)
+            row = json.loads(run.stdout) if run.returncode == 0 else {
+                "shape": shape, "error": f"rc {run.returncode}: {(run.stderr or run.stdout)[-400:]}"}
+        except subprocess.TimeoutExpired:
+            row = {"shape": shape, "error": f"stopped after {left:.0f} s: out of time"}
         except json.JSONDecodeError:
-            row = {"shape": shape, "error": (run.stderr or run.stdout)[-400:]}
+            row = {"shape": shape, "error": f"no JSON: {run.stdout[-400:]}"}
         out["runs"].append({"allocator": name, **row})
     return out
 
