@@ -54,10 +54,29 @@ def test_the_stage_order_is_schedule_1f1b_on_every_rank(pp, microbatches):
         assert one_f_one_b(pp, rank, microbatches) == _torch_1f1b(pp, rank, microbatches)
 
 
+def _torch_interleaved(pp: int, rank: int, microbatches: int, chunks: int) -> list[str]:
+    """The actions torch's ScheduleInterleaved1F1B plans for `rank` (its pipeline_order, idle
+    slots left out), as '<stage>F<micro-batch>' and '<stage>B<micro-batch>'."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B
+    stages = [mock.MagicMock(stage_index=rank + c * pp, num_stages=chunks * pp, group_size=pp, group_rank=rank,
+                             is_first=rank + c * pp == 0, is_last=rank + c * pp == chunks * pp - 1, device="cpu")
+              for c in range(chunks)]
+    return [str(a) for a in ScheduleInterleaved1F1B(stages, microbatches).pipeline_order[rank] if a is not None]
+
+
+@pytest.mark.parametrize("pp,microbatches,chunks", [(2, 2, 2), (2, 6, 3), (4, 4, 2), (4, 12, 2), (8, 8, 2),
+                                                     (8, 16, 2), (8, 24, 3)])
+def test_the_interleaved_stage_order_is_schedule_interleaved_1f1b_on_every_rank(pp, microbatches, chunks):
+    for rank in range(pp):
+        mine = [f"{rank + c * pp}{kind}{i}" for kind, c, i in pp_stage_memory.interleaved_1f1b(pp, rank, microbatches,
+                                                                                               chunks)]
+        assert mine == _torch_interleaved(pp, rank, microbatches, chunks)
+
+
 @pytest.mark.parametrize("rank", [0, 1, TINY["PP"] - 1])
 def test_the_stage_runs_on_a_cpu_as_the_first_a_middle_and_the_last_rank(rank):
     row = _run_stage({"RANK": rank})
-    order = "".join(f"{k}{i}" for k, i in one_f_one_b(TINY["PP"], rank, TINY["MICROBATCHES"]))
+    order = " ".join(f"{rank}{k}{i}" for k, i in one_f_one_b(TINY["PP"], rank, TINY["MICROBATCHES"]))
     assert [step["ran"] for step in row["steps"]] == [order] * TINY["STEPS"]
     assert all(step["max_tracked_bytes"] > 0 for step in row["steps"])
     h, ffn, attention = TINY["HIDDEN"], TINY["FFN"], TINY["HEADS"] * TINY["HEAD_DIM"]
@@ -82,14 +101,14 @@ ORACLE_DIMS = {"TP": 1, "HIDDEN": 256, "HEADS": 4, "KV_HEADS": 1, "HEAD_DIM": 64
 pipeline ranks, no tensor parallelism (the script's stand-in collectives then do nothing)"""
 
 
-def _tracked_peak(microbatches: int, rank: int) -> tuple[float, int]:
-    """(peak bytes live in the second step's forwards and backwards, the stage's parameters) of
-    pp_stage_memory's stage `rank` on a CPU, counted by torch's MemTracker."""
-    row = _run_stage({**ORACLE_DIMS, "MICROBATCHES": microbatches, "RANK": rank})
+def _tracked_peak(microbatches: int, rank: int, vpp: int = 1, pp: int = ORACLE_DIMS["PP"]) -> tuple[float, int]:
+    """(peak bytes live in the second step's forwards and backwards, the rank's parameters) of
+    pp_stage_memory's stage `rank` of `pp` (its `vpp` chunks) on a CPU, counted by torch's MemTracker."""
+    row = _run_stage({**ORACLE_DIMS, "MICROBATCHES": microbatches, "RANK": rank, "VPP": vpp, "PP": pp})
     return row["steps"][-1]["max_tracked_bytes"], row["params"]
 
 
-def _priced_stage_bytes(microbatches: int, params: int, rank: int) -> float:
+def _priced_stage_bytes(microbatches: int, params: int, rank: int, vpp: int = 1, pp: int = ORACLE_DIMS["PP"]) -> float:
     """The memory model's stage `rank` for the same run (torchtitan of December 2024, eager, FSDP2
     without resharding after forward: zero 2 on one data-parallel rank), less what the script's
     stage does not hold: the runtime's fixed reserve (CUDA context and workspaces) and Adam's two
@@ -101,7 +120,7 @@ def _priced_stage_bytes(microbatches: int, params: int, rank: int) -> float:
     from planner.spec.model import ModelSpec
     from planner.spec.training import Strategy, TrainingSetup
 
-    d = ORACLE_DIMS
+    d = {**ORACLE_DIMS, "PP": pp}
     model = ModelSpec(name="oracle-stage", layers=d["LAYERS"] * d["PP"], hidden=d["HIDDEN"], heads=d["HEADS"],
                       kv_heads=d["KV_HEADS"], head_dim=d["HEAD_DIM"], ffn_hidden=d["FFN"], vocab=d["VOCAB"],
                       ffn_act="swiglu", norm="rmsnorm", position_embedding="rope", seq_len=d["SEQ"],
@@ -109,7 +128,8 @@ def _priced_stage_bytes(microbatches: int, params: int, rank: int) -> float:
     setup = TrainingSetup(gpus=d["PP"], global_batch=microbatches * d["MICRO_BATCH"], seq_len=d["SEQ"],
                           runtime="torchtitan@2024-12")
     est = estimate(model, load_cluster("grand-teton-h100"), setup,
-                   Strategy(dp=1, pp=d["PP"], micro_batch=d["MICRO_BATCH"], zero=2, recompute="full"))
+                   Strategy(dp=1, pp=d["PP"], vpp=vpp, micro_batch=d["MICRO_BATCH"], zero=2, recompute="full",
+                            schedule="interleaved-1f1b" if vpp > 1 else "1f1b"))
     stage = est.stages[rank]
     assert stage.layers == d["LAYERS"]
     return stage.memory.total - RUNTIME_RESERVED_BYTES - 8 * params
@@ -134,3 +154,21 @@ def test_a_pipelined_fsdp2_stage_holds_no_more_than_the_memory_model_prices(rank
     assert tracked8 <= priced8 <= 1.12 * tracked8
     assert tracked4 <= priced4 <= 1.12 * tracked4
     assert (priced8 - priced4) / (1 + FRAGMENTATION) == pytest.approx(tracked8 - tracked4, rel=0.01)
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_an_interleaved_fsdp2_rank_holds_no_more_than_the_memory_model_prices(rank):
+    """Two chunks of 4 layers a rank of 4 (stages rank and rank + 4), ScheduleInterleaved1F1B's
+    order, each chunk its own FSDP2 root: a chunk's reduce-scatters run at its own last backward,
+    so the later chunk's unsharded gradients are gone before the earlier chunk's backwards end,
+    which the model does not price (the safe side). 8 more micro-batches (8 and 16: the first
+    rank's warm-up is 10 chunk forwards either way, the last's 4, so only the outputs and receive
+    buffers grow) cost what the model prices, to 1 %, less its fragmentation allowance."""
+    from planner.cost.memory import FRAGMENTATION
+
+    tracked16, params = _tracked_peak(16, rank, vpp=2, pp=4)
+    tracked8, _ = _tracked_peak(8, rank, vpp=2, pp=4)
+    priced16, priced8 = (_priced_stage_bytes(m, params, rank, vpp=2, pp=4) for m in (16, 8))
+    assert tracked16 <= priced16 <= 1.25 * tracked16
+    assert tracked8 <= priced8 <= 1.25 * tracked8
+    assert (priced16 - priced8) / (1 + FRAGMENTATION) == pytest.approx(tracked16 - tracked8, rel=0.01)

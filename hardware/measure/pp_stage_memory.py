@@ -34,8 +34,11 @@ forwards, the allocator's retries in the step and its peak inactive split bytes.
 reserved - allocated is what the cost model does not price; allocated is what it does. Prints one
 JSON document, also when a run fails or runs out of time (that run's entry says so).
 
+With VPP > 1 (--dims) the rank holds VPP chunks of LAYERS / VPP layers, the model's stages rank,
+rank + PP, ..., each its own FSDP2 root, run in ScheduleInterleaved1F1B's order (interleaved_1f1b).
+
 On a CPU (--device cpu) a run takes TINY's shape, or the one --dims JSON gives (its keys: those
-of TINY, RANK among them), and counts the tensors that live with torch's MemTracker
+of TINY, RANK and VPP among them), and counts the tensors that live with torch's MemTracker
 (max_tracked_bytes): tests/test_measure_scripts.py compares that with the memory model's price of
 the same stage.
 """
@@ -51,9 +54,10 @@ import sys
 import time
 
 GPU_DIMS = {"TP": 8, "HIDDEN": 16384, "HEADS": 16, "KV_HEADS": 1, "HEAD_DIM": 128, "FFN": 6656, "VOCAB": 16032,
-            "LAYERS": 8, "PP": 8, "RANK": 0, "MICROBATCHES": 8, "STEPS": 2}
+            "LAYERS": 8, "PP": 8, "VPP": 1, "RANK": 0, "MICROBATCHES": 8, "STEPS": 2}
 """one rank's shapes of Llama 3.1 405B (hidden 16384, 128 heads, 8 KV heads, FFN 53248, vocab
-128256) under tensor parallelism 8, on the first of 8 pipeline ranks, 8 micro-batches a step"""
+128256) under tensor parallelism 8, on the first of 8 pipeline ranks (VPP chunks of it with an
+interleaved schedule), 8 micro-batches a step"""
 SHAPES = {"8k-x4": (4, 8192), "32k-x1": (1, 32768)}
 """(micro-batch, sequence) of torchtitan's Table 5 (local batch 32 over 8 micro-batches of 8192
 tokens) and Table 6 (local batch 8 of 32768)"""
@@ -84,6 +88,26 @@ def one_f_one_b(pp: int, rank: int, microbatches: int) -> list[tuple[str, int]]:
     return order
 
 
+def interleaved_1f1b(pp: int, rank: int, microbatches: int, chunks: int) -> list[tuple[str, int, int]]:
+    """ScheduleInterleaved1F1B's order on rank `rank` of `pp` holding `chunks` model chunks (the
+    stages rank, rank + pp, ...): ('F' or 'B', local chunk, micro-batch). The rank's k-th forward
+    runs chunk (k // pp) % chunks on micro-batch (k // (pp chunks)) pp + k % pp, its k-th backward
+    the chunks in reverse; min(all, (chunks - 1) pp + 2 (pp - 1 - rank)) forwards first, then one
+    forward and one backward until the forwards are done, then the remaining backwards (torch
+    distributed/pipelining/schedules.py ScheduleInterleaved1F1B, warmup_ops; microbatches a
+    multiple of pp, as that schedule requires)."""
+    def op(kind, k):
+        chunk = (k // pp) % chunks
+        return kind, chunk if kind == "F" else chunks - 1 - chunk, (k // (pp * chunks)) * pp + k % pp
+
+    total = chunks * microbatches
+    warm = min(total, (chunks - 1) * pp + 2 * (pp - 1 - rank))
+    order = [op("F", k) for k in range(warm)]
+    for k in range(total - warm):
+        order += [op("F", warm + k), op("B", k)]
+    return order + [op("B", k) for k in range(total - warm, total)]
+
+
 def stage_dims(shape: str, device: str, overrides: dict | None = None) -> dict:
     """The run's dimensions: GPU_DIMS at SHAPES[shape] on a GPU, TINY on a CPU, with `overrides`
     (only TINY's keys; RANK within the pipeline)."""
@@ -94,6 +118,10 @@ def stage_dims(shape: str, device: str, overrides: dict | None = None) -> dict:
     dims = {**base, **(overrides or {})}
     if not 0 <= dims["RANK"] < dims["PP"]:
         raise SystemExit(f"--dims: RANK must be a pipeline rank, 0 to PP - 1 = {dims['PP'] - 1}, got {dims['RANK']}")
+    if dims["VPP"] > 1 and (dims["LAYERS"] % dims["VPP"] or dims["MICROBATCHES"] % dims["PP"]):
+        raise SystemExit("--dims: with VPP > 1, LAYERS must divide into VPP chunks and MICROBATCHES be a multiple of "
+                         f"PP (ScheduleInterleaved1F1B), got LAYERS {dims['LAYERS']}, VPP {dims['VPP']}, "
+                         f"MICROBATCHES {dims['MICROBATCHES']}, PP {dims['PP']}")
     return dims
 
 
@@ -231,21 +259,27 @@ def child(shape: str, device: str, overrides: dict | None = None) -> dict:
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     mesh = init_device_mesh(device, (1,))
     fully_shard, policy = _fsdp(torch)
-    rank, pp, m = dims["RANK"], dims["PP"], dims["MICROBATCHES"]
-    first, last = rank == 0, rank == pp - 1
+    rank, pp, m, vpp = dims["RANK"], dims["PP"], dims["MICROBATCHES"], dims["VPP"]
+    # chunk c of this rank is the model's stage rank + c pp (torchtitan's looped schedules), each
+    # its own FSDP2 root as torchtitan parallelizes every model part
+    stages = [rank + c * pp for c in range(vpp)]
+    Stage = _modules(torch, nn, F, checkpoint, {**dims, "LAYERS": dims["LAYERS"] // vpp})
     with torch.device(device):
-        stage = _modules(torch, nn, F, checkpoint, dims)(first, last)
-    for unit in (*stage.layers, stage):  # torchtitan 9dec370 apply_fsdp: each block, then the root
-        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        chunks = [Stage(s == 0, s == pp * vpp - 1) for s in stages]
+    for chunk in chunks:
+        for unit in (*chunk.layers, chunk):  # torchtitan 9dec370 apply_fsdp: each block, then the root
+            fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
     micro_batch, seq = dims["MICRO_BATCH"], dims["SEQ"]
     shard = (micro_batch, seq // dims["TP"], dims["HIDDEN"])
-    # the stage's receive buffers, one a micro-batch, kept across steps: the output's gradient on
-    # every rank but the last, the input (and the gradient it gets) on every rank but the first
-    grad_recv = [] if last else [torch.empty(shard, device=device, dtype=torch.bfloat16) for _ in range(m)]
-    input_recv = [] if first else [torch.empty(shard, device=device, dtype=torch.bfloat16, requires_grad=True)
-                                   for _ in range(m)]
-    order = one_f_one_b(pp, rank, m)
+    # each chunk's receive buffers, one a micro-batch, kept across steps: the output's gradient
+    # where another stage follows, the input (and the gradient it gets) where another precedes
+    grad_recv = [[] if s == pp * vpp - 1 else [torch.empty(shard, device=device, dtype=torch.bfloat16)
+                                              for _ in range(m)] for s in stages]
+    input_recv = [[] if s == 0 else [torch.empty(shard, device=device, dtype=torch.bfloat16, requires_grad=True)
+                                    for _ in range(m)] for s in stages]
+    order = ([(kind, 0, i) for kind, i in one_f_one_b(pp, rank, m)] if vpp == 1
+             else interleaved_1f1b(pp, rank, m, vpp))
 
     def reading(name):
         return {f"{name}_allocated_bytes": torch.cuda.memory_allocated(),
@@ -260,33 +294,34 @@ def child(shape: str, device: str, overrides: dict | None = None) -> dict:
         tokens = [torch.randint(0, dims["VOCAB"], (micro_batch, seq), device=device) for _ in range(m)]
         tracker = contextlib.nullcontext() if cuda else _cpu_tracker(torch)
         if not cuda:
-            tracker.track_external(stage, *grad_recv, *input_recv, *tokens)
+            tracker.track_external(*chunks, *(t for c in range(vpp) for t in grad_recv[c] + input_recv[c]), *tokens)
         pending, outputs, ran, out = {}, [], [], {}
         with tracker:
-            for n, (kind, i) in enumerate(order):
-                ran.append(f"{kind}{i}")
+            for n, (kind, c, i) in enumerate(order):
+                ran.append(f"{stages[c]}{kind}{i}")
+                first, last = stages[c] == 0, stages[c] == pp * vpp - 1
                 if kind == "F":
                     if not first:
                         with torch.no_grad():
-                            input_recv[i].normal_()  # the received activation
-                    y = stage(tokens[i] if first else input_recv[i])
+                            input_recv[c][i].normal_()  # the received activation
+                    y = chunks[c](tokens[i] if first else input_recv[c][i])
                     outputs.append(y)  # output_chunks: every output kept to the step's end
                     if last:  # torchtitan 9dec370's loss: cross entropy of the fp32 logits
                         labels = tokens[i].flatten() % y.shape[-1]  # within the vocabulary shard
-                        pending[i] = F.cross_entropy(y.flatten(0, 1).float(), labels)
+                        pending[c, i] = F.cross_entropy(y.flatten(0, 1).float(), labels)
                     else:
-                        pending[i] = y
+                        pending[c, i] = y
                     if n + 1 < len(order) and order[n + 1][0] == "B" and not out:
                         out.update(reading("after_warmup"))
                 else:
                     if not last:
-                        grad_recv[i].normal_()  # the received gradient
-                    _pipelined_backward(fully_shard, stage, pending.pop(i), None if last else grad_recv[i],
+                        grad_recv[c][i].normal_()  # the received gradient
+                    _pipelined_backward(fully_shard, chunks[c], pending.pop((c, i)), None if last else grad_recv[c][i],
                                         i == m - 1)
             del outputs
         if not cuda:
             out["max_tracked_bytes"] = tracker.peak_bytes()
-        for p in stage.parameters():
+        for p in (p for chunk in chunks for p in chunk.parameters()):
             p.grad = None
         if cuda:
             torch.cuda.synchronize()
@@ -295,12 +330,12 @@ def child(shape: str, device: str, overrides: dict | None = None) -> dict:
                         "max_reserved_bytes": torch.cuda.max_memory_reserved(),
                         "alloc_retries": stats.get("num_alloc_retries", 0) - retries,
                         "peak_inactive_split_bytes": stats.get("inactive_split_bytes.all.peak", 0)})
-        out["ran"] = "".join(ran)
+        out["ran"] = " ".join(ran)
         out["wall_s"] = time.perf_counter() - start
         return out
 
     steps = [step() for _ in range(dims["STEPS"])]
-    params = sum(p.numel() for p in stage.parameters())
+    params = sum(p.numel() for chunk in chunks for p in chunk.parameters())
     dist.destroy_process_group()
     return {"shape": shape, "dims": dims, "params": params, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             "steps": steps}
