@@ -15,7 +15,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv > "$out/nvidia-smi.csv" 2>&1
 checks=("$@")
-[ ${#checks[@]} -eq 0 ] && checks=(moe_host:90 pp_stage_memory:200 fp8_gemm:90 attention_long:180)
+[ ${#checks[@]} -eq 0 ] && checks=(moe_host:90 pp_stage_memory:230 fp8_gemm:70 attention_long:170)
 for check in "${checks[@]}"; do
     name="${check%%:*}" limit="${check##*:}"
     start=$(date +%s)

@@ -25,10 +25,11 @@ _prepare_forward_infra, _prepare_backward_infra), then sets the gradients to Non
 optimizer's zero_grad does (no optimizer runs: on one rank its states would be 8 times the
 sharded ones the published runs hold).
 
-For torchtitan's two shapes of a micro-batch (4 x 8192 and 1 x 32768 tokens) and two allocator
-settings (the default, and expandable_segments:True that torchtitan's single-node
-run_llama_train.sh sets and its multinode_trainer.slurm does not), each in a process of its own
-(PYTORCH_CUDA_ALLOC_CONF is read when CUDA initialises), the first rank's stage; per step
+GPU_RUNS, each in a process of its own (PYTORCH_CUDA_ALLOC_CONF is read when CUDA initialises):
+the first rank's stage at torchtitan's two shapes of a micro-batch (4 x 8192 and 1 x 32768 tokens)
+under two allocator settings (the default, and expandable_segments:True that torchtitan's
+single-node run_llama_train.sh sets and its multinode_trainer.slurm does not), and its two
+interleaved chunks (Table 5's other schedule) under the default; per step
 max_memory_allocated and max_memory_reserved, the allocation and reserve after the warm-up
 forwards, the allocator's retries in the step and its peak inactive split bytes.
 reserved - allocated is what the cost model does not price; allocated is what it does. Prints one
@@ -62,14 +63,18 @@ SHAPES = {"8k-x4": (4, 8192), "32k-x1": (1, 32768)}
 """(micro-batch, sequence) of torchtitan's Table 5 (local batch 32 over 8 micro-batches of 8192
 tokens) and Table 6 (local batch 8 of 32768)"""
 ALLOCATORS = {"default": "", "expandable": "expandable_segments:True"}
+GPU_RUNS = (("8k-x4", "default", {}), ("8k-x4", "expandable", {}), ("8k-x4", "default", {"VPP": 2}),
+            ("32k-x1", "default", {}), ("32k-x1", "expandable", {}))
+"""(shape, allocator, dims overrides) of the GPU runs, the most telling first: the budget may cut
+the last"""
 TINY = {**GPU_DIMS, "TP": 2, "HIDDEN": 64, "HEADS": 4, "HEAD_DIM": 16, "FFN": 96, "VOCAB": 128, "LAYERS": 2,
         "PP": 4, "MICROBATCHES": 4, "MICRO_BATCH": 2, "SEQ": 16}
 """a shape small enough for a CPU (--device cpu; --dims JSON overrides any of its keys), where the
 tensors that live are counted by torch's MemTracker instead of the caching allocator"""
-BUDGET_S = 180
-"""seconds the GPU runs may take in all (all.sh gives the script 200): a run gets what is left; one
+BUDGET_S = 210
+"""seconds the GPU runs may take in all (all.sh gives the script 230): a run gets what is left; one
 takes about 40 s on an H200 (two steps of 8 micro-batches through 8 layers, about 27 TFLOP a
-layer's forward)"""
+layer's forward), so the five GPU_RUNS fit"""
 
 
 def one_f_one_b(pp: int, rank: int, microbatches: int) -> list[tuple[str, int]]:
@@ -349,10 +354,10 @@ def measure(device: str) -> dict:
            "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
            "script": "hardware/measure/pp_stage_memory.py", "runs": []}
     # a CPU has no caching allocator to set: one run there
-    runs = ([(shape, name, conf) for shape in SHAPES for name, conf in ALLOCATORS.items()] if device == "cuda"
-            else [("tiny", "default", "")])
+    runs = GPU_RUNS if device == "cuda" else (("tiny", "default", {}),)
     began = time.perf_counter()
-    for shape, name, conf in runs:
+    for shape, name, overrides in runs:
+        conf = ALLOCATORS[name]
         left = BUDGET_S - (time.perf_counter() - began)
         if left < 10:
             out["runs"].append({"shape": shape, "allocator": name, "error": "skipped: out of time"})
@@ -361,8 +366,9 @@ def measure(device: str) -> dict:
         if conf:
             env["PYTORCH_CUDA_ALLOC_CONF"] = conf
         try:
-            run = subprocess.run([sys.executable, __file__, "--child", shape, "--device", device], env=env,
-                                 capture_output=True, text=True, timeout=left)
+            run = subprocess.run([sys.executable, __file__, "--child", shape, "--device", device,
+                                  "--dims", json.dumps(overrides)], env=env, capture_output=True, text=True,
+                                 timeout=left)
             row = json.loads(run.stdout) if run.returncode == 0 else {
                 "shape": shape, "error": f"rc {run.returncode}: {(run.stderr or run.stdout)[-400:]}"}
         except subprocess.TimeoutExpired:
