@@ -25,10 +25,15 @@ _spec.loader.exec_module(pp_stage_memory)
 TINY, one_f_one_b = pp_stage_memory.TINY, pp_stage_memory.one_f_one_b
 
 
+def _stage_process(dims: dict) -> subprocess.CompletedProcess:
+    """One CPU run of the script's stage at TINY's shape with `dims` over it."""
+    return subprocess.run([sys.executable, str(SCRIPT), "--child", "tiny", "--device", "cpu", "--dims",
+                           json.dumps(dims)], capture_output=True, text=True, timeout=300)
+
+
 def _run_stage(dims: dict) -> dict:
-    """The script's JSON for one CPU run of its stage at TINY's shape with `dims` over it."""
-    run = subprocess.run([sys.executable, str(SCRIPT), "--child", "tiny", "--device", "cpu", "--dims",
-                          json.dumps(dims)], capture_output=True, text=True, timeout=300)
+    """The script's JSON for that run, which must succeed."""
+    run = _stage_process(dims)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout)
 
@@ -87,11 +92,9 @@ def test_the_stage_runs_on_a_cpu_as_the_first_a_middle_and_the_last_rank(rank):
 
 
 def test_the_stage_refuses_dims_it_does_not_know():
-    run = subprocess.run([sys.executable, str(SCRIPT), "--child", "tiny", "--device", "cpu", "--dims",
-                          json.dumps({"MICROBATCH": 8})], capture_output=True, text=True, timeout=60)
+    run = _stage_process({"MICROBATCH": 8})
     assert run.returncode != 0 and "unknown key(s) MICROBATCH" in run.stderr
-    run = subprocess.run([sys.executable, str(SCRIPT), "--child", "tiny", "--device", "cpu", "--dims",
-                          json.dumps({"RANK": TINY["PP"]})], capture_output=True, text=True, timeout=60)
+    run = _stage_process({"RANK": TINY["PP"]})
     assert run.returncode != 0 and "RANK must be a pipeline rank" in run.stderr
 
 

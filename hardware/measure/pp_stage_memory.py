@@ -116,6 +116,8 @@ def interleaved_1f1b(pp: int, rank: int, microbatches: int, chunks: int) -> list
 def stage_dims(shape: str, device: str, overrides: dict | None = None) -> dict:
     """The run's dimensions: GPU_DIMS at SHAPES[shape] on a GPU, TINY on a CPU, with `overrides`
     (only TINY's keys; RANK within the pipeline)."""
+    if device == "cuda" and shape not in SHAPES:
+        raise SystemExit(f"--child: a GPU run's shape is one of {', '.join(SHAPES)}, got {shape!r}")
     base = dict(GPU_DIMS, MICRO_BATCH=SHAPES[shape][0], SEQ=SHAPES[shape][1]) if device == "cuda" else dict(TINY)
     unknown = sorted(set(overrides or {}) - set(TINY))
     if unknown:

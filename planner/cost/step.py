@@ -596,13 +596,13 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
     on the last (the same safe-side overcount) and the rebuild buffer, with which it coincides."""
     gpu, eff = cluster.gpu, cluster.efficiency
     head_precision = compute.outside_fp8(precision, eff)
-    kinds, kind_index = _kinds(model)
+    layer_kinds, kind_index = _kinds(model)
     no_group = Span(size=1, per_node=1, nodes=1)
 
     def costs(mode):
         return [layer_cost(k, _kind_ctx(base, k, mode), cluster, precision, tp_span, cp_span,
                            ep_span if k.experts else no_group, kernel, overlap, ep_dedup, ep_overlap, quant)
-                for k in kinds]
+                for k in layer_kinds]
 
     # only strategies with recompute 'full' read the full-recompute rows, and their base mode is
     # 'none': a 'selective' table never recomputes a layer fully, so its rows repeat the base's
@@ -635,8 +635,8 @@ def _layer_tables(model: ModelSpec, cluster: Cluster, precision: str, base: Ctx,
             # sequence parallelism, whole without
             "pp_buffer": (boundary_bytes(model, base.seq_len, base.cp, base.micro_batch, base.tp if base.sp else 1)
                           if keeps_buffers else 0.0),
-            "cp_buffer": cp_gathered_bytes(_kinds(model)[0], base),
-            "bwd_buffer": max((layer_work(k, _kind_ctx(base, k, "none")).backward_bytes for k in _kinds(model)[0]),
+            "cp_buffer": cp_gathered_bytes(layer_kinds, base),
+            "bwd_buffer": max((layer_work(k, _kind_ctx(base, k, "none")).backward_bytes for k in layer_kinds),
                               default=0.0)}
     transient = max((n.saved_none - f.saved for n, f in zip(base_costs, full_costs)), default=0.0)
     prefetch = 2 * memory.WEIGHT_BYTES * max((c.params + c.expert_params for c in base_costs), default=0.0)
