@@ -31,13 +31,16 @@ SWEEP_CHUNK = 8
 balance the processes better"""
 
 
-HOST_BOUND_LAYER_S = 9e-3
+HOST_BOUND_LAYER_S = 12e-3
 """The GPU time of a layer and micro-batch under which published dropless MoE runs on Megatron-Core
-(runtimes.RuntimeRules.dropless_host_sync) ran at the host's pace rather than the GPU's:
-Megatron-Bridge's archive has Qwen3-30B-A3B at micro-batch 1 at 8.8 ms a layer on 8 B200s (26.02)
-and 9.5 ms on 16 H100s (26.04.01), where the cost model prices 3.4 and 6.5 ms of GPU work, while
-the B200 recipe at micro-batch 4 (12.6 ms a layer, 12.3 priced) follows the GPU (check_runs.yaml).
-The threshold of a note, not a price: no time is added and nothing is fitted on those rows."""
+(runtimes.RuntimeRules.dropless_host_sync) ran at the host's pace rather than the GPU's, priced
+against measured a layer and micro-batch (check_runs.yaml): Megatron-Bridge's archive has
+Qwen3-30B-A3B at micro-batch 1 on 8 B200s (3.4 ms priced, 8.8 ran) and on 16 H100s (6.5, 9.5),
+at micro-batch 4 on 8 GB200s (10.8, 13.1); Megatron-LM's MoE recipe index has Qwen3-30B-A3B on 32
+H100s (5.7, 8.4) and 16 GB200s (11.4, 15.3; the same run without the host sync, paged stash and
+one CUDA graph, 12.1), Qwen3-235B-A22B on 256 H100s (8.5, 15.1) and 128 B200s (9.8, 15.3); the
+archive's B200 recipe at micro-batch 4 (12.3 priced, 12.6 ran) follows the GPU. The threshold of a
+note, not a price: no time is added and nothing is fitted on those rows."""
 
 
 def _layer_s(est) -> float:
@@ -61,7 +64,7 @@ def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool 
         notes.append(f"{model.name}: {layer_s * 1e3:.1f} ms of GPU work a layer and micro-batch; {setup.runtime}'s "
                      "dropless routing waits for the host every MoE layer, and published runs with layers under "
                      f"{HOST_BOUND_LAYER_S * 1e3:.0f} ms ran at the host's pace, slower than this cost model predicts, "
-                     "which leaves the host's time unpriced (Qwen3-30B-A3B at micro-batch 1 on H100 and B200: "
+                     "which leaves the host's time unpriced (NVIDIA's Qwen3 MoE recipes on H100, B200 and GB200: "
                      "`planner validate` shows their errors); a larger micro-batch amortises it")
     warning = mfu_warning(cluster.gpu.name, setup.precision, mfu)
     if warning:
