@@ -31,14 +31,19 @@ from dataclasses import dataclass
 
 from scipy.special import lambertw
 
-from planner.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
+from planner.cost.memory import MOMENT_BYTES, WEIGHT_BYTES
 from planner.errors import InfeasibleError, SpecError
 from planner.spec.pools import MixedCluster
 from planner.spec.training import RunOptions
 
-CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES + OPTIMIZER_BYTES
-"""16-bit weights plus fp32 master weights and Adam's two moments, as distributed checkpoints of
-Megatron-LM and torchtitan hold them"""
+
+
+def checkpoint_bytes_per_param(optimizer_states: str = "") -> int:
+    """16-bit weights, fp32 master weights and Adam's two moments in their dtype
+    (memory.MOMENT_BYTES; '' = fp32), as distributed checkpoints of Megatron-LM and torchtitan hold
+    them: 14 bytes, 10 with bf16 moments (Megatron's precision-aware optimizer saves its states in
+    their own dtype and its master weights whole)."""
+    return WEIGHT_BYTES + 4 + 2 * MOMENT_BYTES[optimizer_states or "fp32"]
 
 FAILURE_PRESET = {
     "rate_per_gpu_hour": 419 / (54 * 24 * 16384),
@@ -127,12 +132,12 @@ def goodput(interval_s: float, mtbf_s: float, checkpoint_s: float, restart_s: fl
 
 
 def checkpoint_s(params: float, gpus: int, gpus_per_node: int, inputs: RunInputs,
-                 shard_bytes: float | None = None) -> float:
-    """Seconds a checkpoint blocks training: the whole state (14 bytes a parameter) at the
-    bandwidth the job gets (min(aggregate, nodes x per node)); asynchronous, the largest GPU's
-    share of it (`shard_bytes`: its weights and optimizer states as the plan shards them; else an
-    even share) copied out of its memory."""
-    total = params * CHECKPOINT_BYTES_PER_PARAM
+                 shard_bytes: float | None = None, optimizer_states: str = "") -> float:
+    """Seconds a checkpoint blocks training: the whole state (checkpoint_bytes_per_param of the
+    plan's optimizer_states) at the bandwidth the job gets (min(aggregate, nodes x per node));
+    asynchronous, the largest GPU's share of it (`shard_bytes`: its weights and optimizer states as
+    the plan shards them; else an even share) copied out of its memory."""
+    total = params * checkpoint_bytes_per_param(optimizer_states)
     if inputs.async_checkpoint:
         return (shard_bytes if shard_bytes is not None else total / gpus) / (inputs.host_copy_GBps * 1e9)
     nodes = -(-gpus // gpus_per_node)
@@ -166,7 +171,7 @@ def forecast_row(phases: list[tuple[dict, int]], params: float, gpus_per_node: i
     # the plan's peak stage holds the most weights and optimizer states a GPU writes
     shard = max((p["prediction"]["memory_gib"]["weights"] + p["prediction"]["memory_gib"]["optimizer"]) * 1024**3
                 for p in plans)
-    ckpt = checkpoint_s(params, gpus, gpus_per_node, inputs, shard)
+    ckpt = checkpoint_s(params, gpus, gpus_per_node, inputs, shard, tr.get("optimizer_states", ""))
     work = [p["prediction"]["step_time_s"] * n for p, n in phases]
     step_bands = [p["prediction"].get("band", {}).get("step_time_s", [p["prediction"]["step_time_s"]] * 2)
                   for p in plans]
@@ -452,7 +457,7 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
                                    ("fp8_param_gather", options.fp8_param_gather),
                                    ("no_tp_overlap", options.no_tp_overlap)) if on}
     for key, value in (("fp8_recipe", options.fp8_recipe), ("grad_reduce", options.grad_reduce),
-                       ("loss_fusion", options.loss_fusion)):
+                       ("loss_fusion", options.loss_fusion), ("optimizer_states", options.optimizer_states)):
         if value:
             given[key] = value
     if options.moe_imbalance != 1.0:

@@ -26,6 +26,7 @@ from planner.spec.training import (
     LOSS_FUSIONS,
     MAX_MOE_IMBALANCE,
     MOE_DISPATCHERS,
+    OPTIMIZER_STATES,
     STRATEGY_KNOBS,
     Strategy,
     TrainingSetup,
@@ -41,7 +42,8 @@ FROZEN = Path(__file__).resolve().parent / "data" / "frozen_checks.yaml"
 RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len", "precision", "attention",
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
             "analytic_reference", "confidence", "runtime", "runtime_version", "moe_dispatcher", "ep_overlap", "moe_folding",
-            "fp8_recipe", "grad_reduce", "fp8_param_gather", "loss_fusion", "moe_imbalance", "no_tp_overlap", "erratum")
+            "fp8_recipe", "grad_reduce", "fp8_param_gather", "loss_fusion", "moe_imbalance", "no_tp_overlap",
+            "optimizer_states", "erratum")
 RUN_RUNTIMES = tuple(name for name in RUNTIME_RULES if name != "ideal")
 """the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron,
 Megatron-LM before its 2023 overlaps as megatron@2022; Megatron-DeepSpeed as deepspeed; MosaicML
@@ -100,7 +102,8 @@ def load_runs(path: Path | None = None) -> list[Run]:
                               fp8_param_gather=f.bool("fp8_param_gather", False),
                               loss_fusion=f.choice("loss_fusion", LOSS_FUSIONS, ""),
                               moe_imbalance=f.float("moe_imbalance", 1.0, minimum=1.0, maximum=MAX_MOE_IMBALANCE),
-                              no_tp_overlap=f.bool("no_tp_overlap", False))
+                              no_tp_overlap=f.bool("no_tp_overlap", False),
+                              optimizer_states=f.choice("optimizer_states", OPTIMIZER_STATES, ""))
         strategy = dict(f.raw("strategy", {}))
         for knob in strategy:
             if knob not in STRATEGY_KNOBS:

@@ -104,6 +104,12 @@ class RuntimeRules:
     """the dtypes it reduces data-parallel gradients in (spec/training.GRAD_REDUCES), its default
     first: fp32 everywhere (torchtitan 0.3's mixed_precision_reduce is Literal["float32"]);
     Megatron-LM also bf16 (--grad-reduce-in-bf16)"""
+    optimizer_states: tuple[str, ...] = ("fp32",)
+    """the dtypes it keeps Adam's moments in (spec/training.OPTIMIZER_STATES), its default first:
+    fp32 everywhere; Megatron-LM also bf16 (--use-precision-aware-optimizer with --exp-avg-dtype and
+    --exp-avg-sq-dtype bf16: Transformer Engine's FusedAdam, under the distributed optimizer only,
+    megatron-core OptimizerConfig.__post_init__). torchtitan's AdamW keeps its states in the
+    parameters' fp32, DeepSpeed's BF16_Optimizer and nanotron's in fp32"""
     fp8_param_gather: bool = False
     """whether it keeps fp8 weights and all-gathers them in fp8 (Megatron-LM --fp8-param-gather,
     with its distributed optimizer)"""
@@ -436,6 +442,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                           ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3),
                           batch_shares=True, pool_stages="any", grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
+                          optimizer_states=("fp32", "bf16"),
                           fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS, pp_overlap=True),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
@@ -445,8 +452,9 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              ep_precisions=("bf16", "fp8"), pp_outermost_unless_cp_is_ep=True, ep_overlap=True,
                              moe_folding=True, ends_accounted=True, pool_stages="same_library", dropless_host_sync=True,
                              expert_tp_gather=True,
-                             # arguments.py: --grad-reduce-in-bf16, --fp8-param-gather (Megatron-LM 000c4ac)
-                             grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
+                             # arguments.py: --grad-reduce-in-bf16, --fp8-param-gather, --use-precision-aware-optimizer
+                             # with --exp-avg-dtype / --exp-avg-sq-dtype (Megatron-LM 000c4ac)
+                             grad_reduces=("fp32", "bf16"), fp8_param_gather=True, optimizer_states=("fp32", "bf16"),
                              # --num-distributed-optimizer-instances (megatron-core parallel_state:
                              # intra-partial groups of dp*cp/instances consecutive dp-cp ranks)
                              hybrid_zero=(1,), fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS,
@@ -733,6 +741,20 @@ def grad_reduce_refusal(runtime: str, precision: str, requested: str) -> str | N
     if requested in have:
         return None
     return f"runtime {runtime} reduces gradients in {', '.join(have)} only, not {requested}"
+
+
+def optimizer_states_refusal(runtime: str, precision: str, requested: str) -> str | None:
+    """Why `runtime` cannot keep Adam's moments in `requested` (None when it can, or none is
+    asked): bf16 moments for a bf16 or fp8 run only (cost/memory.optimizer_bytes prices the
+    16-bit weights they sit beside as bf16)."""
+    if not requested:
+        return None
+    have = RUNTIME_RULES[runtime].optimizer_states
+    if requested not in have:
+        return f"runtime {runtime} keeps Adam's moments in {', '.join(have)} only, not {requested}"
+    if requested != have[0] and precision == "fp16":
+        return f"optimizer states in {requested} need precision bf16 or fp8, got fp16"
+    return None
 
 
 def loss_fusion_refusal(runtime: str, requested: str) -> str | None:

@@ -551,7 +551,8 @@ def tight_instances(draw):
                       ffn_hidden=draw(st.sampled_from([2048, 4096])), vocab=32000, ffn_act="swiglu", seq_len=4096,
                       moe=moe)
     setup = TrainingSetup(gpus=draw(st.sampled_from([2, 4])), global_batch=draw(st.sampled_from([4, 8])),
-                          seq_len=draw(st.sampled_from([2048, 4096])))
+                          seq_len=draw(st.sampled_from([2048, 4096])),
+                          optimizer_states=draw(st.sampled_from(["", "bf16"])))  # bf16: smaller states
     fixed = {"order": "tp-cp-ep-dp-pp", "tp": 1, "cp": 1, "ep": 1, "zero": draw(st.sampled_from([0, 1, 3]))}
     if draw(st.booleans()):
         fixed["recompute"] = "full"  # then no 'none' twin covers the counts of 0
@@ -580,7 +581,7 @@ def test_search_equals_brute_force_for_a_runtime_that_recomputes_every_layer_or_
     """torchtitan checkpoints every layer or none: the search's 'full' plans recompute all their
     layers, and the best is brute force's over that space (FSDP, any split)."""
     model, cluster, setup, fixed = instance
-    setup = replace(setup, runtime="torchtitan")
+    setup = replace(setup, runtime="torchtitan", optimizer_states="")  # its AdamW keeps fp32 moments
     fixed = dict(fixed, zero=3)
     result = search(model, cluster, setup, fixed)
     expected = brute_force_tight(model, cluster, setup, fixed, every_layer=True)
@@ -964,8 +965,8 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
     overlapped expert all-to-alls and the slowest groups priced): random candidates of random small dense and MoE setups on H100,
     their first and refined bounds against `estimate` on random splits and counts the runtime runs
     (the ideal space, torchtitan, Megatron), in bf16 and in fp8 under the runtime's recipes, with
-    gradients reduced in bf16, weights gathered in fp8 and tp collectives left exposed where its
-    record runs them."""
+    gradients reduced in bf16, weights gathered in fp8, Adam's moments in bf16 and tp collectives
+    left exposed where its record runs them."""
     from planner.search import bounds as bounds_mod
     from planner.search.floors import SAFETY
 
@@ -985,6 +986,8 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
         setup = replace(setup, grad_reduce="bf16")
     if setup.precision == "fp8" and rules.fp8_param_gather and rng.random() < 0.5:
         setup = replace(setup, fp8_param_gather=True)  # the layers' weights gathered in fp8
+    if "bf16" in rules.optimizer_states and rng.random() < 0.5:  # Adam's moments kept in bf16
+        setup = replace(setup, optimizer_states="bf16")
     if rules.loss_fusions and rng.random() < 0.5:  # a fused cross-entropy loss on the last stage
         setup = replace(setup, loss_fusion=str(rng.choice(rules.loss_fusions)))
     if moe is not None and rules.ep_overlap and rng.random() < 0.5:

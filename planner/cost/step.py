@@ -51,9 +51,6 @@ EP_OVERLAP_SM_SHARE = 20 / 132
 (layer_cost, ep_overlap): megatron-core 0.16.0's moe_deepep_num_sms default (20; HybridEP's
 moe_hybridep_num_sms is 16) of an H100's 132 SMs; physically between 16/148 (HybridEP on B200)
 and 20/108 (DeepEP on A100), 0.11-0.19"""
-ADAM_BYTES_PER_PARAM = 38
-"""HBM traffic of one fused Adam step per parameter: read fp32 master, grad, m, v (16), write
-master, m, v (12), write the 16-bit weight (2), plus grad-norm read and zeroing (8)"""
 
 
 def dp_grad_bytes(precision: str, grad_reduce: str) -> int:
@@ -64,6 +61,12 @@ def dp_grad_bytes(precision: str, grad_reduce: str) -> int:
     then allocates its buffers in bf16); 2 with fp16, whose gradients Megatron keeps and reduces
     in fp16 by default, as FSDP reduces in the parameter dtype."""
     return 2 if precision == "fp16" or grad_reduce == "bf16" else memory.GRAD_BYTES
+
+
+def optimizer_state_bytes(setup: TrainingSetup) -> float:
+    """Bytes per parameter a sharded optimizer keeps for the setup (memory.optimizer_bytes of its
+    optimizer_states and precision)."""
+    return memory.optimizer_bytes(setup.optimizer_states, setup.precision)
 
 
 def gather_bytes(setup: TrainingSetup) -> int:
@@ -670,7 +673,7 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     # recomputation runs inside backward and hides traffic too
     exposed, opt = stage_tail_s(coll, prof.zero, prof.grad_bytes, gathered, dense, sums["expert"], sums["fwd"],
                                 sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster,
-                                replica_share(s))
+                                replica_share(s), optimizer_state_bytes(prof.setup))
 
     if paper_accounting:
         gemm_w = sums["gemm_w"] / s.tp
@@ -805,7 +808,8 @@ def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_sa
                  prefetch_bytes, setup: TrainingSetup) -> tuple:
     """(weights, grads, optimizer, activations, other) bytes of a stage: the states of its dense
     parameters sharded over the dp*cp group and of its experts over the expert data-parallel
-    group (ZeRO; a gradient element of the setup's dp_grad_bytes), with the gradients its runtime
+    group (ZeRO; a gradient element of the setup's dp_grad_bytes, a sharded optimizer's states of
+    its optimizer_state_bytes), with the gradients its runtime
     keeps beside them (RuntimeRules.kept_grad_bytes_of), the activations of
     its in-flight micro-batches (`saved` per micro-batch) plus what the stage holds once
     (`head_saved`, stage_ends: the head's, the runtime's pipeline and context-parallel buffers,
@@ -814,9 +818,9 @@ def stage_memory(zero, dense, expert, shards, eshards, in_flight, saved, head_sa
     layers). Arrays
     broadcast, zero included. With an fp8 parameter gather the weights are still counted at
     16 bits: their fp8 copy plus, on Hopper, the transposed copy the backward's GEMMs take."""
-    grad_bytes = dp_grad_bytes(setup.precision, setup.grad_reduce)
-    wd, gd, od = memory.state_bytes(dense, zero, shards, grad_bytes)
-    we, ge, oe = memory.state_bytes(expert, zero, eshards, grad_bytes)
+    grad_bytes, optimizer = dp_grad_bytes(setup.precision, setup.grad_reduce), optimizer_state_bytes(setup)
+    wd, gd, od = memory.state_bytes(dense, zero, shards, grad_bytes, optimizer)
+    we, ge, oe = memory.state_bytes(expert, zero, eshards, grad_bytes, optimizer)
     kept = RUNTIME_RULES[setup.runtime].kept_grad_bytes_of(setup.precision, zero) * (dense + expert)
     acts = in_flight * saved + head_saved + transient
     return (wd + we, gd + ge + kept, od + oe, acts,
@@ -864,7 +868,8 @@ def _by_zero(zero, *cases):
 
 
 def stage_tail_s(coll, zero, grad_bytes: int, gathered: tuple, dense, expert, fwd_s, bwd_s, stage,
-                 dp_overlap: bool, shards, eshards, cluster: Cluster, replicas: float = 0.0):
+                 dp_overlap: bool, shards, eshards, cluster: Cluster, replicas: float = 0.0,
+                 optimizer: float = memory.OPTIMIZER_BYTES):
     """(exposed data-parallel time, optimizer time) a stage adds after the pipeline drains: the
     gradient reduction (all-reduce with ZeRO-0, reduce-scatter with ZeRO-1), the parameter
     all-gather after the distributed optimizer (ZeRO-1/2), then the optimizer step over the
@@ -873,7 +878,8 @@ def stage_tail_s(coll, zero, grad_bytes: int, gathered: tuple, dense, expert, fw
     recomputation) and the gather behind a fraction of the forward. coll as in zero_traffic_s;
     every argument may be an array; `gathered` as in zero_traffic_s. Under hybrid sharding (`replicas`, the replica_share of the
     dense gradients) ZeRO-1's reduce-scatter over the shard group is followed by the all-reduce
-    of that share across the replicas (Megatron's distributed optimizer instances)."""
+    of that share across the replicas (Megatron's distributed optimizer instances). `optimizer`:
+    the bytes a sharded optimizer keeps a parameter (optimizer_state_bytes)."""
     eff = cluster.efficiency
 
     def both(kind, n_bytes):
@@ -890,7 +896,7 @@ def stage_tail_s(coll, zero, grad_bytes: int, gathered: tuple, dense, expert, fw
                    + np.maximum(0.0, gather - eff.dp_overlap_fraction * fwd_s))
     else:
         exposed = grad + gather
-    return exposed, optimizer_s(zero, dense, expert, shards, eshards, cluster)
+    return exposed, optimizer_s(zero, dense, expert, shards, eshards, cluster, optimizer)
 
 
 def reduction_hiding(cluster: Cluster, stage, dp_overlap: bool):
@@ -900,13 +906,14 @@ def reduction_hiding(cluster: Cluster, stage, dp_overlap: bool):
     return cluster.efficiency.dp_overlap_fraction + stage if dp_overlap else 0.0 * stage
 
 
-def optimizer_s(zero, dense, expert, shards, eshards, cluster: Cluster):
-    """The optimizer step over a stage's parameter shard: ADAM_BYTES_PER_PARAM of memory traffic
-    a parameter, the states sharded over the dp*cp (experts: expert data-parallel) group from
-    ZeRO-1 on. Arrays broadcast."""
+def optimizer_s(zero, dense, expert, shards, eshards, cluster: Cluster, optimizer: float = memory.OPTIMIZER_BYTES):
+    """The optimizer step over a stage's parameter shard: memory.adam_traffic_bytes of memory
+    traffic a parameter (38 with fp32 states; `optimizer` the bytes a sharded optimizer keeps),
+    the states sharded over the dp*cp (experts: expert data-parallel) group from ZeRO-1 on.
+    Arrays broadcast."""
     sharded = np.greater_equal(zero, 1)
-    return compute.memory_time_s(ADAM_BYTES_PER_PARAM * (dense / np.where(sharded, shards, 1)
-                                                         + expert / np.where(sharded, eshards, 1)),
+    return compute.memory_time_s(memory.adam_traffic_bytes(optimizer, zero)
+                                 * (dense / np.where(sharded, shards, 1) + expert / np.where(sharded, eshards, 1)),
                                  cluster.gpu, cluster.efficiency)
 
 

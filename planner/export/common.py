@@ -77,6 +77,8 @@ class PlanView:
     (TrainingSetup.loss_fusion)"""
     no_tp_overlap: bool = False
     """tensor-parallel collectives priced exposed (TrainingSetup.no_tp_overlap)"""
+    optimizer_states: str = ""
+    """the dtype of Adam's moments where the request named one (TrainingSetup.optimizer_states)"""
     dp_shard: int = 0
     """hybrid sharding's shard group of data-parallel ranks (Strategy.dp_shard; 0: all of dp)"""
     pool_shares: tuple[str, ...] = ()
@@ -168,6 +170,7 @@ def read(plan: dict) -> PlanView:
                     fp8_param_gather=training.get("fp8_param_gather", False) is True,
                     loss_fusion=str(training.get("loss_fusion", "")),
                     no_tp_overlap=training.get("no_tp_overlap", False) is True,
+                    optimizer_states=str(training.get("optimizer_states", "")),
                     dp_shard=int(strategy.get("dp_shard", 0)),
                     pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")),
                     stage_pools=stage_pools, stage_libraries=libraries, stage_node_sizes=node_sizes,
@@ -249,7 +252,7 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
     search and `estimate --runtime` read: an exporter refuses at least that."""
     from planner.runtimes import (RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal,
                                   fp8_param_gather_refusal, folding_refusal, grad_reduce_refusal,
-                                  loss_fusion_refusal)
+                                  loss_fusion_refusal, optimizer_states_refusal)
     from planner.spec.training import Strategy
     s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
                  recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
@@ -266,6 +269,9 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
         why = f"gradients reduced in {v.grad_reduce} (it reduces in {', '.join(RUNTIME_RULES[record].grad_reduces)})"
     if not why and fp8_param_gather_refusal(record, v.precision, v.fp8_param_gather):
         why = "fp8 weights gathered in fp8 (--fp8-param-gather)"
+    if not why and optimizer_states_refusal(record, v.precision, v.optimizer_states):
+        why = (f"Adam's moments kept in {v.optimizer_states} (it keeps them in "
+               f"{', '.join(RUNTIME_RULES[record].optimizer_states)})")
     if not why and loss_fusion_refusal(record, v.loss_fusion):
         why = f"the fused {v.loss_fusion} cross-entropy loss the plan was priced with (--loss-fusion)"
     if not why and v.ep_overlap and ep_overlap_refusal(record, True):

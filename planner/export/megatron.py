@@ -295,15 +295,19 @@ def _optimizer(v: PlanView) -> list[Arg]:
 
 
 def _precision(v: PlanView) -> list[Arg]:
-    """The precision flags, the gradient reduction's dtype and the fp8 weights' gather
-    (Megatron-LM 000c4ac arguments.py: --fp8-recipe tensorwise, delayed, mxfp8 or blockwise;
-    --grad-reduce-in-bf16; --fp8-param-gather, which needs the distributed optimizer: a ZeRO-0
-    plan gathers no weights, so it goes without)."""
+    """The precision flags, the gradient reduction's dtype, Adam's moments and the fp8 weights'
+    gather (Megatron-LM 000c4ac arguments.py: --fp8-recipe tensorwise, delayed, mxfp8 or blockwise;
+    --grad-reduce-in-bf16; --use-precision-aware-optimizer with --exp-avg-dtype and
+    --exp-avg-sq-dtype, and --fp8-param-gather, both of which need the distributed optimizer: a
+    ZeRO-0 plan was priced with fp32 states and gathers no weights, so it goes without)."""
     if v.precision == "fp16":
         return [("--fp16", None)]
     args = [("--bf16", None)]
     if v.grad_reduce == "bf16":
         args.append(("--grad-reduce-in-bf16", None))
+    if v.optimizer_states == "bf16" and v.zero >= 1:
+        args += [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"),
+                 ("--exp-avg-sq-dtype", "bf16")]
     if v.precision == "fp8":
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", v.fp8_recipe)]
         if v.fp8_param_gather and v.zero >= 1:

@@ -39,6 +39,7 @@ from planner.cost.step import (
     gather_bytes,
     layer_kind_index,
     optimizer_s,
+    optimizer_state_bytes,
     exposed_p2p_s,
     p2p_s,
     selective_saves_memory,
@@ -364,8 +365,9 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     # memory floor: stage i with n_i layers holds n_i * (state + k_i * saved), k_i its in-flight
     # micro-batches; the continuous relaxation equalises the stages, so the peak is at least
     # L / sum_i 1 / (state + k_i * saved) (per-layer minima of the model)
-    grad = dp_grad_bytes(setup.precision, setup.grad_reduce)
-    per_dense, per_expert = sum(memory.state_bytes(1.0, zp, shards, grad)), sum(memory.state_bytes(1.0, zp, eshards, grad))
+    grad, optim = dp_grad_bytes(setup.precision, setup.grad_reduce), optimizer_state_bytes(setup)
+    per_dense = sum(memory.state_bytes(1.0, zp, shards, grad, optim))
+    per_expert = sum(memory.state_bytes(1.0, zp, eshards, grad, optim))
     width = max(len(kinds) for _, kinds in layers)
     kinds = np.array([list(k) + [k[0]] * (width - len(k)) for _, k in layers])
     least_state = np.min(layer_state_bytes(per_dense[:, None], per_expert[:, None], kinds[mem, :, 0],
@@ -391,7 +393,7 @@ def _bound_rows(model, cluster, setup, rules, outer, table, keys, build, layers,
     dense, expert = ctx.col("dense")[c] - (pp == 1) * ctx.col("head_tied")[c], ctx.col("expert")[c]
 
     # the largest tail is at least the optimizer step of the stage with the most parameters
-    opt = optimizer_s(zp, dense / pp, expert / pp, shards, eshards, cluster)
+    opt = optimizer_s(zp, dense / pp, expert / pp, shards, eshards, cluster, optim)
     # ZeRO-2/3 per-micro-batch traffic not hidden: sum_i max(0, x_i) >= max(0, sum_i x_i)
     coef = np.array([layout_coef(edp, dpcp, cluster) for edp, dpcp in layouts]).reshape(len(layouts), len(KINDS), 2, 2)
     # every parameter gathered at the layers' width (gathered_bytes: the ends' is at least that)

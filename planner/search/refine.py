@@ -11,8 +11,8 @@ import numpy as np
 
 from planner.cost import memory
 from planner.cost.pipeline import even_chunks, in_flight
-from planner.cost.step import (dp_grad_bytes, gather_bytes, gathered_bytes, stage_ends, stage_memory,
-                               stage_tail_s)
+from planner.cost.step import (dp_grad_bytes, gather_bytes, gathered_bytes, optimizer_state_bytes, stage_ends,
+                               stage_memory, stage_tail_s)
 from planner.search import space
 from planner.search.contexts import Table, affine
 from planner.search.floors import SAFETY, layer_state_bytes, pipeline_floor_s
@@ -465,7 +465,7 @@ class Refiner:
                                     gathered_bytes(gather_bytes(self.setup), dense, total("params"), total("expert")),
                                     dense, total("expert"), total("fwd"),
                                     total("bwd") + rec, stage, self.dp_overlap, self.shards[j][col],
-                                    self.eshards[j][col], self.cluster)
+                                    self.eshards[j][col], self.cluster, optimizer=optimizer_state_bytes(self.setup))
         tails = np.broadcast_to(exposed + opt, (len(j), sum(sizes)))
         return [part.min(axis=1) for part in np.split(tails, np.cumsum(sizes)[:-1], axis=1)]
 

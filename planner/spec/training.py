@@ -27,6 +27,11 @@ GRAD_REDUCES = ("fp32", "bf16")
 accumulate_allreduce_grads_in_fp32; FSDP2's reduce_dtype float32, torchtitan's
 mixed_precision_reduce) or bf16 (Megatron-LM --grad-reduce-in-bf16, Megatron-Core
 DistributedDataParallelConfig.grad_reduce_in_fp32 False, as NVIDIA's MLPerf configs run)"""
+OPTIMIZER_STATES = ("fp32", "bf16")
+"""the dtype of Adam's two moments: fp32 (every runtime's default) or bf16 (Megatron-LM
+--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, Transformer Engine's
+FusedAdam under the distributed optimizer, as DeepSeek-V3 trained and NVIDIA's MoE recipes run):
+what each keeps and moves is cost/memory.optimizer_bytes"""
 LOSS_FUSIONS = ("native", "te")
 """the fused cross-entropy losses a run may use in place of its runtime's own (Megatron-LM
 --cross-entropy-loss-fusion with --cross-entropy-fusion-impl native or te: megatron-core
@@ -71,7 +76,7 @@ def checked_imbalance(f) -> float:
 class RunOptions:
     """How a request runs beyond its precision and parallelism: the TrainingSetup fields
     moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather,
-    loss_fusion, moe_imbalance and no_tp_overlap as one value, what the CLI, planning and forecasts pass along (TrainingSetup
+    loss_fusion, moe_imbalance, no_tp_overlap and optimizer_states as one value, what the CLI, planning and forecasts pass along (TrainingSetup
     checks them). folding None leaves it to the search: both layouts where the runtime folds
     (planning.moe_variants)."""
 
@@ -84,6 +89,7 @@ class RunOptions:
     loss_fusion: str = ""
     moe_imbalance: float = 1.0
     no_tp_overlap: bool = False
+    optimizer_states: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "moe_imbalance", checked_imbalance(self.moe_imbalance))
@@ -100,7 +106,8 @@ class RunOptions:
         return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding),
                 "fp8_recipe": self.fp8_recipe, "grad_reduce": self.grad_reduce,
                 "fp8_param_gather": self.fp8_param_gather, "loss_fusion": self.loss_fusion,
-                "moe_imbalance": self.moe_imbalance, "no_tp_overlap": self.no_tp_overlap}
+                "moe_imbalance": self.moe_imbalance, "no_tp_overlap": self.no_tp_overlap,
+                "optimizer_states": self.optimizer_states}
 
     @classmethod
     def recorded(cls, training: dict) -> "RunOptions":
@@ -110,7 +117,8 @@ class RunOptions:
                    folding=training.get("moe_folding"), fp8_recipe=training.get("fp8_recipe", ""),
                    grad_reduce=training.get("grad_reduce", ""), fp8_param_gather=training.get("fp8_param_gather", False),
                    loss_fusion=training.get("loss_fusion", ""), moe_imbalance=training.get("moe_imbalance", 1.0),
-                   no_tp_overlap=training.get("no_tp_overlap", False))
+                   no_tp_overlap=training.get("no_tp_overlap", False),
+                   optimizer_states=training.get("optimizer_states", ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +166,10 @@ class TrainingSetup:
     """keep the tensor-parallel collectives exposed where the runtime could hide them behind the
     GEMMs (runtimes.tp_overlap): a launch without Megatron-LM's --tp-comm-overlap, NeMo's
     ub_tp_comm_overlap false; the export then leaves it off"""
+    optimizer_states: str = ""
+    """the dtype of Adam's moments (OPTIMIZER_STATES; runtimes.RuntimeRules.optimizer_states),
+    kept so under a sharded optimizer (ZeRO >= 1: Megatron-Core asserts its distributed optimizer
+    for --use-precision-aware-optimizer); '' = the runtime's own (fp32)"""
 
     def __post_init__(self) -> None:
         for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
@@ -171,7 +183,8 @@ class TrainingSetup:
             raise SpecError(f"memory-headroom must be a fraction in [0, 1), got {h!r}")
         from planner.runtimes import (RUNTIME_RULES, dispatcher_refusal, ep_overlap_refusal, folding_refusal,
                                       fp8_param_gather_refusal, fp8_recipe_refusal, grad_reduce_refusal,
-                                      loss_fusion_refusal, precision_refusal, record_name)
+                                      loss_fusion_refusal, optimizer_states_refusal, precision_refusal,
+                                      record_name)
         object.__setattr__(self, "runtime", record_name(self.runtime))
         if self.runtime not in RUNTIME_RULES:
             raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
@@ -183,6 +196,9 @@ class TrainingSetup:
             raise SpecError(f"grad-reduce must be one of {', '.join(GRAD_REDUCES)}, got {self.grad_reduce!r}")
         if self.loss_fusion not in ("", *LOSS_FUSIONS):
             raise SpecError(f"loss-fusion must be one of {', '.join(LOSS_FUSIONS)}, got {self.loss_fusion!r}")
+        if self.optimizer_states not in ("", *OPTIMIZER_STATES):
+            raise SpecError(f"optimizer-states must be one of {', '.join(OPTIMIZER_STATES)}, "
+                            f"got {self.optimizer_states!r}")
         for name in ("ep_overlap", "moe_folding", "fp8_param_gather", "no_tp_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name.replace('_', '-')} must be true or false, got {getattr(self, name)!r}")
@@ -194,7 +210,8 @@ class TrainingSetup:
                    or folding_refusal(self.runtime, self.moe_folding)
                    or grad_reduce_refusal(self.runtime, self.precision, self.grad_reduce)
                    or fp8_param_gather_refusal(self.runtime, self.precision, self.fp8_param_gather)
-                   or loss_fusion_refusal(self.runtime, self.loss_fusion))
+                   or loss_fusion_refusal(self.runtime, self.loss_fusion)
+                   or optimizer_states_refusal(self.runtime, self.precision, self.optimizer_states))
         if refused:
             raise SpecError(refused)
 
@@ -213,7 +230,7 @@ class TrainingSetup:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for name in ("moe_dispatcher", "fp8_recipe", "grad_reduce", "loss_fusion"):
+        for name in ("moe_dispatcher", "fp8_recipe", "grad_reduce", "loss_fusion", "optimizer_states"):
             if not out[name]:
                 del out[name]  # the runtime's own: plans made before the knob read alike
         for name in ("ep_overlap", "moe_folding", "fp8_param_gather", "no_tp_overlap"):
