@@ -159,10 +159,12 @@ def _bundled() -> dict:
     return json.loads(RESIDUALS.read_text())
 
 
+@lru_cache(maxsize=1)
 def bundled_residuals() -> tuple[Residual, ...]:
     return tuple(Residual(**row) for row in _bundled()["step_time"])
 
 
+@lru_cache(maxsize=1)
 def bundled_memory_residuals() -> tuple[MemoryResidual, ...]:
     return tuple(MemoryResidual(**row) for row in _bundled()["memory"])
 
@@ -191,17 +193,22 @@ def prediction_band(cluster) -> Band:
     """The band a plan on `cluster` carries: its GPU's (or family's) out-of-sample errors; where
     the cluster's efficiencies were not fitted on its own runs (borrowed or family defaults), the
     union of every band its family's GPUs and all GPUs have, and labelled so."""
+    return _prediction_band(cluster.gpu.name, cluster.gpu.family, cluster.efficiency.source, cluster.name)
+
+
+@lru_cache(maxsize=64)
+def _prediction_band(gpu: str, family: str, efficiency_source: str, cluster: str) -> Band:
+    """prediction_band of what it reads of a cluster (a sweep asks it of one cluster per plan)."""
     pool = list(bundled_residuals())
-    gpu = cluster.gpu
-    found = band(gpu.name, gpu.family, pool)
-    if cluster.efficiency.source.startswith("fitted on"):
+    found = band(gpu, family, pool)
+    if efficiency_source.startswith("fitted on"):
         return found
-    kin = sorted({r.gpu for r in pool if r.family == gpu.family})
-    others = [band(name, gpu.family, pool) for name in kin] + [band("", "", pool)]
-    source = cluster.efficiency.source.split(":")[0]
+    kin = sorted({r.gpu for r in pool if r.family == family})
+    others = [band(name, family, pool) for name in kin] + [band("", "", pool)]
+    source = efficiency_source.split(":")[0]
     return Band(low=min(b.low for b in [found, *others]), high=max(b.high for b in [found, *others]),
                 rows=found.rows,
-                basis=f"{found.basis}, widened to its family's and all GPUs' (efficiencies of {cluster.name}: {source})")
+                basis=f"{found.basis}, widened to its family's and all GPUs' (efficiencies of {cluster}: {source})")
 
 
 BEST_MFU = Path(__file__).resolve().parent / "data" / "best_mfu.yaml"
