@@ -31,11 +31,10 @@ from dataclasses import dataclass
 
 from scipy.special import lambertw
 
-from planner.cost.memory import MOMENT_BYTES, WEIGHT_BYTES
+from planner.cost.memory import MASTER_BYTES, MOMENT_BYTES, WEIGHT_BYTES
 from planner.errors import InfeasibleError, SpecError
 from planner.spec.pools import MixedCluster
 from planner.spec.training import RunOptions
-
 
 
 def checkpoint_bytes_per_param(optimizer_states: str = "") -> int:
@@ -43,7 +42,8 @@ def checkpoint_bytes_per_param(optimizer_states: str = "") -> int:
     (memory.MOMENT_BYTES; '' = fp32), as distributed checkpoints of Megatron-LM and torchtitan hold
     them: 14 bytes, 10 with bf16 moments (Megatron's precision-aware optimizer saves its states in
     their own dtype and its master weights whole)."""
-    return WEIGHT_BYTES + 4 + 2 * MOMENT_BYTES[optimizer_states or "fp32"]
+    return WEIGHT_BYTES + MASTER_BYTES + 2 * MOMENT_BYTES[optimizer_states or "fp32"]
+
 
 FAILURE_PRESET = {
     "rate_per_gpu_hour": 419 / (54 * 24 * 16384),

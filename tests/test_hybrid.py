@@ -9,7 +9,7 @@ import random
 import pytest
 
 from conftest import one_error_line, run
-from planner.cost import comm
+from planner.cost import comm, memory
 from planner.cost.step import estimate, gather_bytes, gathered_bytes, stage_tail_s, zero_traffic_s
 from planner.errors import ExportError
 from planner.export import export
@@ -72,7 +72,8 @@ def test_the_replicas_all_reduce_their_shard_of_the_gradients():
     assert ("all_gather", 2000.0, "dpcp") in calls  # the 16-bit weights, gathered for forward and backward
     calls.clear()
     cluster = load_cluster("dgx-h100")
-    stage_tail_s(coll, 1, 4, (2000.0, 0.0), 1000.0, 0.0, 1.0, 1.0, 0, True, 8, 1, cluster, replicas=1 / 8)
+    stage_tail_s(coll, 1, 4, (2000.0, 0.0), 1000.0, 0.0, 1.0, 1.0, 0, True, 8, 1, cluster, replicas=1 / 8,
+                 optimizer=memory.OPTIMIZER_BYTES)
     assert ("reduce_scatter", 4000.0, "dpcp") in calls and ("all_reduce", 500.0, "replica") in calls
     calls.clear()
     zero_traffic_s(coll, 3, 4, (2000.0, 0.0), 1000.0, 0.0)

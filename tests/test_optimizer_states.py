@@ -104,3 +104,12 @@ def test_a_plan_with_bf16_moments_reads_back_rechecks_fresh_and_forecasts_a_smal
     rows = [json.loads(CliRunner().invoke(cli, forecast + extra).stdout)["rows"][0]
             for extra in ([], ["--optimizer-states", "bf16"])]
     assert rows[1]["checkpoint_s"] == pytest.approx(rows[0]["checkpoint_s"] * 10 / 14, rel=1e-6)
+
+
+def test_a_pool_that_falls_back_to_fp16_keeps_fp32_moments():
+    """RunOptions.at: a mixed cluster's pool whose GPU lacks the precision asked for trains in a
+    fallback one, and in fp16 bf16 moments are refused: that pool takes the fp32 ones."""
+    asked = RunOptions(optimizer_states="bf16", fp8_recipe="delayed")
+    assert asked.at("fp16") == RunOptions()
+    assert asked.at("bf16") == RunOptions(optimizer_states="bf16")
+    assert asked.at("fp8") == asked

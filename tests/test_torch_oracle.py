@@ -32,7 +32,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from planner.cost.memory import GRAD_BYTES, state_bytes  # noqa: E402
+from planner.cost.memory import GRAD_BYTES, OPTIMIZER_BYTES, state_bytes  # noqa: E402
 from planner.graph import (  # noqa: E402
     LOGIT_SAVED_BYTES, Ctx, build_layers, embedding_work, head_work, layer_work, model_params)
 from planner.spec.model import ModelSpec, MoeSpec  # noqa: E402
@@ -449,7 +449,8 @@ def test_adamw_state_bytes_match_state_bytes():
     optimizer = nbytes(master) + nbytes(st[k] for st in states for k in ("exp_avg", "exp_avg_sq"))
     assert all(st["exp_avg"].dtype == torch.float32 for st in states)
 
-    g_weights, g_grads, g_opt = state_bytes(model_params(spec), zero=0, shards=1, grad_bytes=GRAD_BYTES)
+    g_weights, g_grads, g_opt = state_bytes(model_params(spec), zero=0, shards=1, grad_bytes=GRAD_BYTES,
+                                           optimizer=OPTIMIZER_BYTES)
     assert weights == pytest.approx(g_weights, rel=0.02), _ratio(weights, g_weights)
     assert grads == pytest.approx(g_grads, rel=0.02), _ratio(grads, g_grads)
     assert optimizer == pytest.approx(g_opt, rel=0.02), _ratio(optimizer, g_opt)

@@ -673,7 +673,7 @@ def stage_terms(prof: Profile, i, chunks, recompute_layers=0, paper_accounting: 
     # recomputation runs inside backward and hides traffic too
     exposed, opt = stage_tail_s(coll, prof.zero, prof.grad_bytes, gathered, dense, sums["expert"], sums["fwd"],
                                 sums["bwd"] + sums["rec"], i, s.dp_overlap, shards, eshards, cluster,
-                                replica_share(s), optimizer_state_bytes(prof.setup))
+                                replica_share(s), optimizer=optimizer_state_bytes(prof.setup))
 
     if paper_accounting:
         gemm_w = sums["gemm_w"] / s.tp
@@ -868,8 +868,8 @@ def _by_zero(zero, *cases):
 
 
 def stage_tail_s(coll, zero, grad_bytes: int, gathered: tuple, dense, expert, fwd_s, bwd_s, stage,
-                 dp_overlap: bool, shards, eshards, cluster: Cluster, replicas: float = 0.0,
-                 optimizer: float = memory.OPTIMIZER_BYTES):
+                 dp_overlap: bool, shards, eshards, cluster: Cluster, replicas: float = 0.0, *,
+                 optimizer: float):
     """(exposed data-parallel time, optimizer time) a stage adds after the pipeline drains: the
     gradient reduction (all-reduce with ZeRO-0, reduce-scatter with ZeRO-1), the parameter
     all-gather after the distributed optimizer (ZeRO-1/2), then the optimizer step over the
@@ -906,7 +906,7 @@ def reduction_hiding(cluster: Cluster, stage, dp_overlap: bool):
     return cluster.efficiency.dp_overlap_fraction + stage if dp_overlap else 0.0 * stage
 
 
-def optimizer_s(zero, dense, expert, shards, eshards, cluster: Cluster, optimizer: float = memory.OPTIMIZER_BYTES):
+def optimizer_s(zero, dense, expert, shards, eshards, cluster: Cluster, optimizer: float):
     """The optimizer step over a stage's parameter shard: memory.adam_traffic_bytes of memory
     traffic a parameter (38 with fp32 states; `optimizer` the bytes a sharded optimizer keeps),
     the states sharded over the dp*cp (experts: expert data-parallel) group from ZeRO-1 on.

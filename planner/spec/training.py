@@ -96,11 +96,14 @@ class RunOptions:
 
     def at(self, precision: str) -> "RunOptions":
         """The options a setup in `precision` takes: no fp8 recipe nor fp8 parameter gather below
-        fp8 (a pool of a mixed cluster whose GPU lacks fp8 trains in a fallback precision,
-        spec/pools.pool_precision)."""
-        if precision == "fp8" or not (self.fp8_recipe or self.fp8_param_gather):
-            return self
-        return replace(self, fp8_recipe="", fp8_param_gather=False)
+        fp8, no bf16 optimizer states in fp16 (a pool of a mixed cluster whose GPU lacks the
+        precision asked for trains in a fallback one, spec/pools.pool_precision)."""
+        drop = {}
+        if precision != "fp8" and (self.fp8_recipe or self.fp8_param_gather):
+            drop.update(fp8_recipe="", fp8_param_gather=False)
+        if precision == "fp16" and self.optimizer_states == "bf16":
+            drop.update(optimizer_states="")
+        return replace(self, **drop) if drop else self
 
     def setup_fields(self) -> dict:
         return {"moe_dispatcher": self.dispatcher, "ep_overlap": self.ep_overlap, "moe_folding": bool(self.folding),
