@@ -43,24 +43,33 @@ archive's B200 recipe at micro-batch 4 (12.3 priced, 12.6 ran) follows the GPU. 
 note, not a price: no time is added and nothing is fitted on those rows."""
 
 
-def _layer_s(est) -> float:
+def shortest_layer_s(est) -> float:
     """The shortest of a plan's stages' time per layer and micro-batch (0 without layers)."""
     return min((st.time_per_microbatch_s / st.layers for st in est.stages if st.layers), default=0.0)
+
+
+def host_paced(model: ModelSpec, runtime: str, layer_s: float) -> bool:
+    """Whether a plan is of the kind published runs ran at the host's pace (HOST_BOUND_LAYER_S):
+    MoE layers on a runtime whose dropless routing waits for the host every MoE layer
+    (runtimes.RuntimeRules.dropless_host_sync), with under HOST_BOUND_LAYER_S of priced GPU work a
+    layer and micro-batch (`layer_s`, shortest_layer_s). The plan's note and validate's subsets
+    read it."""
+    rules = RUNTIME_RULES.get(runtime)
+    return model.moe is not None and rules is not None and rules.dropless_host_sync and 0.0 < layer_s < HOST_BOUND_LAYER_S
 
 
 def _notes(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fits: bool = True, peak_bytes: float = 0.0,
            proven_optimal: bool = True, mfu: float = 0.0, layer_s: float = 0.0, pp: int = 1) -> list[str]:
     """What a reader of the plan must know about how far to trust it; `peak_bytes` the plan's peak
     memory on `cluster`'s GPUs (what it needs where it does not fit; bands.memory_warning where it
-    does), `layer_s` (_layer_s) its shortest time per layer and micro-batch, `pp` its pipeline
+    does), `layer_s` (shortest_layer_s) its shortest time per layer and micro-batch, `pp` its pipeline
     stages."""
     notes = []
     if model.moe is not None and setup.moe_imbalance == 1.0:
         notes.append(f"{model.name}: expert routing priced balanced, every expert-parallel rank an equal share of the "
                      "tokens (as the published benchmarks force it); `--moe-imbalance F` prices the busiest rank at F "
                      "times its share")
-    rules = RUNTIME_RULES.get(setup.runtime)
-    if model.moe is not None and rules is not None and rules.dropless_host_sync and 0.0 < layer_s < HOST_BOUND_LAYER_S:
+    if host_paced(model, setup.runtime, layer_s):
         notes.append(f"{model.name}: {layer_s * 1e3:.1f} ms of GPU work a layer and micro-batch; {setup.runtime}'s "
                      "dropless routing waits for the host every MoE layer, and published runs with layers under "
                      f"{HOST_BOUND_LAYER_S * 1e3:.0f} ms ran at the host's pace, slower than this cost model predicts, "
@@ -176,7 +185,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
         notes.append("no supported runtime runs this strategy (" + "; ".join(refused) + "): priced in the ideal space")
     else:
         _, _, setup, strategy, est = min(priced, key=lambda x: x[:2])
-    notes = _notes(model, cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu, layer_s=_layer_s(est),
+    notes = _notes(model, cluster, setup, est.fits, est.peak_memory_bytes, mfu=est.mfu, layer_s=shortest_layer_s(est),
                    pp=strategy.pp) + notes
     if union and not builds(model):
         notes.append(_unbuilt_note(model))
@@ -252,7 +261,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
         alternatives.append(alternative_entry(c.strategy, setup, c.step_time_s, c.peak_memory_bytes, False,
                                               best.step_time_s, cap, name if union and built else None))
     notes = _notes(model, cluster, setup, proven_optimal=rule_proven and all(r.proven_optimal for _, r in searched.values()),
-                   mfu=est.mfu, layer_s=_layer_s(est), pp=best.strategy.pp, peak_bytes=est.peak_memory_bytes)
+                   mfu=est.mfu, layer_s=shortest_layer_s(est), pp=best.strategy.pp, peak_bytes=est.peak_memory_bytes)
     if union and not built:
         notes.append(_unbuilt_note(model))
     elif name == "ideal":

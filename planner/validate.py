@@ -8,7 +8,7 @@ source. Leave-one-source-out (LOSO): for every source that shares its GPU with a
 the cluster's efficiencies are refitted on the other sources' runs only and the held-out source
 is priced with that fit: an estimate of the error on runs the fit never saw. The checks are
 also summarised with every source weighted equally (the mean of the per-source figures), by
-subset (MoE, FP8, GPU, runtime), and by how many fall inside the band (planner/bands.py) built
+subset (MoE, and MoE by whether its layers are host-paced; FP8, GPU, runtime), and by how many fall inside the band (planner/bands.py) built
 from the other sources' out-of-sample errors.
 """
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from planner.bands import MemoryResidual, Residual, band
 from planner.calibrate import at_bound, fit
+from planner.planning import host_paced, shortest_layer_s
 from planner.spec.efficiency import Efficiency
 from planner.runs import Priced, Run, document, load_frozen, price_run
 from planner.runtimes import runtime_family
@@ -154,12 +155,24 @@ def memory_residuals(v: Validation) -> list[MemoryResidual]:
             for p in v.checks if p.run.measured.get("memory_gib")]
 
 
+HOST_PACED, GPU_PACED = "moe, host-paced", "moe, GPU-paced"
+"""the MoE rows split by planning.host_paced: those a plan's note says published runs of their kind
+ran at the host's pace (a runtime whose dropless routing waits for the host, under
+planning.HOST_BOUND_LAYER_S of priced GPU work a layer and micro-batch), and the others. The
+threshold was read off these check rows, so the split describes where their errors lie and tests
+nothing; it cannot see a run's CUDA graphs (paged-stash runs without the host's sync count as
+host-paced)"""
+
+
 def _subsets(priced) -> dict:
+    """Errors by GPU, precision, runtime, dense or MoE, and the MoE rows by HOST_PACED."""
     groups: dict[str, list[float]] = defaultdict(list)
     for p in priced:
         r = p.run
         keys = [f"gpu {r.cluster.gpu.name}", f"precision {r.setup.precision}", f"runtime {r.runtime}",
                 "moe" if r.model.moe else "dense"]
+        if r.model.moe:
+            keys.append(HOST_PACED if host_paced(r.model, r.runtime, shortest_layer_s(p.estimate)) else GPU_PACED)
         for k in keys:
             groups[k].append(p.error)
     return {k: _stats(e) for k, e in sorted(groups.items())}

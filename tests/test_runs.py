@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from planner.errors import PlannerError
-from planner.runs import BUNDLED, CHECKS, RUN_RUNTIMES, load_runs
+from planner.runs import BUNDLED, CHECKS, RUN_RUNTIMES, load_runs, price_run
 
 
 def _raw(path):
@@ -160,7 +160,6 @@ def test_a_source_held_out_is_priced_by_what_the_rest_can_fit_and_no_more():
     """Leave-one-source-out refits from the family's unfitted defaults, never from the shipped
     fit (which saw the source held out): with too few rows left to fit anything (min(rows // 4,
     sources + 1) = 0), the held-out rows price at the defaults."""
-    from planner.runs import price_run
     from planner.spec.efficiency import FAMILY_DEFAULTS
     from planner.validate import document, validate
 
@@ -262,7 +261,7 @@ def test_open_knobs_are_filled_only_with_what_the_runtime_runs():
 
 def test_a_run_no_fill_fits_is_priced_at_the_fill_that_overflows_least(tmp_path):
     from planner.cost.step import estimate
-    from planner.runs import candidates, price_run
+    from planner.runs import candidates
     run = _one_run(tmp_path, {"tp": 2, "pp": 4, "dp": 2}, ["micro_batch", "vpp"], hidden=16384)
     peaks = {}
     for s in candidates(run):
@@ -310,6 +309,23 @@ def test_a_plan_of_short_dropless_moe_layers_says_the_host_may_set_the_pace(micr
     assert bool(notes("megatron")) == noted
     if noted:
         assert not notes("ideal")
+
+
+def test_validate_splits_the_moe_checks_by_whether_their_layers_are_host_paced():
+    """validate's subsets hold the MoE rows twice more, by planning.host_paced (the plan note's
+    rule): the archive's Qwen3-30B-A3B on 8 B200s at micro-batch 1 (3.4 ms priced a layer and
+    micro-batch) is host-paced, the same shape at micro-batch 4 (12.3 ms) is not, and a dense row
+    is in neither."""
+    from planner.validate import GPU_PACED, HOST_PACED, _subsets
+
+    runs = {r.id: r for r in load_runs(CHECKS)}
+    short, long, dense = (price_run(runs[i]) for i in ("mbridge2602-qwen3-30b-a3b-b200-8gpu-mxfp8",
+                                                        "mbridge26041-qwen3-30b-a3b-b200-8gpu-mxfp8-mbs4",
+                                                        "mlperf51-cisco-h100-llama31-8b-64gpu-fp8"))
+    out = _subsets([short, long, dense])
+    assert out["moe"]["runs"] == 2 and out["dense"]["runs"] == 1
+    assert out[HOST_PACED]["runs"] == 1 and out[HOST_PACED]["bias"] == pytest.approx(short.error)
+    assert out[GPU_PACED]["runs"] == 1 and out[GPU_PACED]["bias"] == pytest.approx(long.error)
 
 
 def test_a_plan_near_capacity_says_where_published_peaks_ran_above_the_model():
