@@ -11,7 +11,8 @@ from planner import __version__
 from planner.errors import PlannerError
 from planner.limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
 from planner.runtimes import OLDER_VERSIONS, RUNTIME_RULES, TARGETS
-from planner.spec.training import DEFAULT_HEADROOM, FP8_RECIPES, GRAD_REDUCES, LOSS_FUSIONS, OPTIMIZER_STATES
+from planner.spec.training import (DEFAULT_HEADROOM, FP8_RECIPES, GRAD_REDUCES, LOSS_FUSIONS, OPTIMIZER_STATES,
+                                   RECOMPUTE_MODULES)
 
 
 _DEGREE = click.IntRange(1, MAX_GPUS)
@@ -78,12 +79,13 @@ def _run_options(f):
 
     @functools.wraps(f)
     def command(*args, moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather, loss_fusion,
-                moe_imbalance, no_tp_overlap, optimizer_states, **kwargs):
+                moe_imbalance, no_tp_overlap, optimizer_states, recompute_modules, **kwargs):
         return f(*args, options=RunOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding,
                                            fp8_recipe=fp8_recipe or "", grad_reduce=grad_reduce or "",
                                            fp8_param_gather=fp8_param_gather, loss_fusion=loss_fusion or "",
                                            moe_imbalance=1.0 if moe_imbalance is None else moe_imbalance,
-                                           no_tp_overlap=no_tp_overlap, optimizer_states=optimizer_states or ""),
+                                           no_tp_overlap=no_tp_overlap, optimizer_states=optimizer_states or "",
+                                           recompute_modules=recompute_modules or ""),
                  **kwargs)
 
     opts = [
@@ -111,6 +113,10 @@ def _run_options(f):
                           "fp8, not 12, under a sharded optimizer (Megatron's --use-precision-aware-optimizer "
                           "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, with the distributed optimizer)  "
                           "[default: fp32]"),
+        click.option("--recompute-modules", default=None, metavar="M[,M...]",
+                     help="what selective recomputation recomputes, of " + ", ".join(RECOMPUTE_MODULES)
+                          + " (Megatron's --recompute-granularity selective --recompute-modules): each drops "
+                            "its activations and runs again in backward  [default: core_attn]"),
         click.option("--fp8-param-gather", is_flag=True, default=False,
                      help="fp8 runs: keep the layers' weights in fp8 and all-gather them so, 1 byte a parameter "
                           "(Megatron's --fp8-param-gather, with the distributed optimizer)"),

@@ -462,6 +462,8 @@ def forecast_document(model, clusters: list, gpus: str, global_batches: list[int
             given[key] = value
     if options.moe_imbalance != 1.0:
         given["moe_imbalance"] = options.moe_imbalance
+    if options.recompute_modules:
+        given["recompute_modules"] = list(options.recompute_modules)
     return {"schema": SCHEMA, "planner_version": __version__,
             "inputs": {**given, "model": model.name, "clusters": [c.name for c in clusters], "gpus": gpus,
                        "global_batches": list(global_batches), "seq_len": seq_len or model.seq_len,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 from planner.spec.model import ModelSpec
+from planner.spec.training import DEFAULT_MODULES
 
 ACT_BYTES = 2
 """bytes of a 16-bit activation element"""
@@ -44,8 +45,12 @@ class Ctx:
     the weight gradient, not the sequence shard re-gathered in backward
     (runtimes.RuntimeRules.sp_saves_gathered): the norm outputs then take tp times the shard"""
     recompute: str = "none"
-    """recompute mode of this layer: none | selective (the attention core) | op (torchtitan's
-    per-op policy, op_policy) | full"""
+    """recompute mode of this layer: none | selective (the `modules`) | op (torchtitan's per-op
+    policy, op_policy) | full"""
+    modules: tuple[str, ...] = DEFAULT_MODULES
+    """what 'selective' recomputes (spec/training.RECOMPUTE_MODULES, TrainingSetup
+    .selective_modules): what they drop is _selective_discarded, what they run again
+    Work.selective_recomputed, selective_bytes and selective_tp"""
     flash: bool = True
     dropout: float = 0.0
     folded: bool = False
@@ -151,6 +156,17 @@ class Work:
     backward_bytes: float = 0.0
     """what the layer's backward holds at once beyond what its forward saved, at its largest: the
     gradients of its MLP's activation, MLP_BACKWARD_GRADS ffn-wide 16-bit tensors (_mlp_backward)"""
+    selective_recomputed: tuple[float, ...] = ()
+    """per GEMM of `gemms`, the share of its forward the selective modules recompute beyond the
+    attention core (Ctx.modules: MLA's up-projections under 'mla_up_proj', a dense MLP's under
+    'mlp'); () where none does"""
+    selective_bytes: float = 0.0
+    """forward HBM traffic per GPU of the memory-bound ops the selective modules run again: the
+    rotary embedding ('mla_up_proj'), a dense MLP's activation and norm ('mlp'), the experts'
+    activation ('moe_act'), the norms that are modules of their own ('layernorm')"""
+    selective_tp: float = 0.0
+    """forward tensor-parallel collectives the selective modules run again (a dense MLP's under
+    'mlp' with tp > 1), of the tp_collectives"""
     tp_expert_message_bytes: float = 0.0
     """payload of the experts' own tensor-parallel collective where they keep tp (not folded) and
     the runtime's dispatcher gathers for them (Ctx.expert_tp_gather): every routed token of the tp
@@ -222,6 +238,10 @@ class Layer:
     group_topk: int = 0
     expert_linears: tuple[Linear, ...] = ()
     norm: str = "layernorm"
+    mla: bool = False
+    """multi-head latent attention (DeepSeek): its queries, keys and values come from
+    up-projections of latents (the attention linears split by column), which 'mla_up_proj'
+    recomputes"""
     rope: bool = True
     causal: bool = True
     bias: bool = False
@@ -266,7 +286,8 @@ def build_layers(spec: ModelSpec) -> tuple[Layer, ...]:
     layers, kinds = [], {}
     for i in range(spec.layers):
         common = dict(hidden=h, q_heads=a, kv_heads=kv, d_qk=d_qk, d_v=d_v, attn_linears=attn,
-                      ffn_act=spec.ffn_act, norm=spec.norm, rope=spec.position_embedding == "rope",
+                      ffn_act=spec.ffn_act, norm=spec.norm, mla=spec.mla is not None,
+                      rope=spec.position_embedding == "rope",
                       causal=spec.causal, bias=spec.linear_bias)
         if spec.is_moe_layer(i):
             moe = spec.moe
@@ -390,6 +411,9 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     elementwise = norm_rw + bias_dropout_add + act_rw + rope_rw + permute_rw
 
     saved = _saved(layer, ctx, tokens, rep, q_local, kv_local, score_elems, expert_tokens)
+    dense_act_rw = ((SWIGLU_FUSED_BYTES if layer.ffn_act == "swiglu" else 2 * ACT_BYTES)
+                    * tokens * layer.ffn_width / tp)
+    selective = _selective_work(layer, ctx, len(gemms), rep, rope_rw, dense_act_rw, act_rw - dense_act_rw)
     expanded = tokens * (q_local + kv_local) * (layer.d_qk + layer.d_v) if q_local > kv_local else 0.0
     eager_fwd, eager_bwd, eager_fused = _eager_traffic(layer, ctx, norm_elems, rotated, act_elems, expanded)
     # the per-op policy recomputes its uncounted matmuls whole: the experts' grouped GEMMs and the router's
@@ -420,7 +444,85 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         params_local=params_local, expert_params_local=expert_local_all,
         gemm_weight_params=gemm_weights, op_recomputed=op_recomputed, model_flops=model_flops,
         eager_bytes=(eager_fwd, eager_bwd), eager_fused_bytes=eager_fused, quant_elements=tuple(quant),
-        backward_bytes=_mlp_backward(layer, tokens, expert_tokens, tp))
+        backward_bytes=_mlp_backward(layer, tokens, expert_tokens, tp), selective_recomputed=selective[0],
+        selective_bytes=selective[1], selective_tp=selective[2])
+
+
+def _standalone_norms(layer: Layer) -> int:
+    """The layer's norms that are modules of their own rather than fused into the linear they feed
+    (Linear.norm_fed): an attention norm whose first linear it does not feed fused (MLA's input
+    norm, which its down-projections read), and an MoE layer's pre-MLP norm (its router, experts
+    and shared experts read it). Megatron-Core's Transformer Engine specs: TENorm for those,
+    IdentityOp where the norm is fused into TELayerNormColumnParallelLinear."""
+    attn = bool(layer.attn_linears) and not layer.attn_linears[0].norm_fed
+    mlp = bool(layer.experts) or (bool(layer.mlp_linears) and not layer.mlp_linears[0].norm_fed)
+    return int(attn) + int(mlp)
+
+
+def _selective_work(layer: Layer, ctx: Ctx, n_gemms: int, rep: float, rope_rw: float, dense_act_rw: float,
+                    expert_act_rw: float) -> tuple[tuple[float, ...], float, float]:
+    """(Work.selective_recomputed, selective_bytes, selective_tp): what the selective modules
+    (Ctx.modules) beyond the attention core run again in backward, forward work per GPU, for
+    Megatron-Core at Megatron-LM 000c4ac (transformer_layer.py, multi_latent_attention.py,
+    moe/experts.py):
+    - mla_up_proj (MLA layers): the up-projections (the attention linears split by column: q up or
+      q, kv up) and the rotary embedding (CheckpointWithoutOutput around both);
+    - mlp (layers without experts: 'recompute_mlp' only where the MLP is no MoELayer): the MLP's
+      GEMMs, its activation, its norm (fused into the first linear, inside the checkpoint) and its
+      tp collective pair;
+    - moe_act (layers with experts): the experts' activation (CheckpointWithoutOutput);
+    - layernorm: each norm that is a module of its own (_standalone_norms).
+    The quantisation of recomputed fp8 GEMM inputs is left out (a few percent of what it
+    recomputes)."""
+    m = ctx.modules
+    shares = [1.0 if "mla_up_proj" in m and layer.mla and l.split == "col" else 0.0 for l in layer.attn_linears]
+    shares += [1.0 if "mlp" in m and not layer.experts else 0.0 for _ in layer.mlp_linears]
+    shares += [0.0] * (n_gemms - len(shares))
+    n_bytes = 0.0
+    if "mla_up_proj" in m and layer.mla:
+        n_bytes += rope_rw
+    if "mlp" in m and not layer.experts:
+        n_bytes += dense_act_rw + NORM_FUSED_BYTES * rep
+    if "moe_act" in m and layer.experts:
+        n_bytes += expert_act_rw
+    if "layernorm" in m:
+        n_bytes += NORM_FUSED_BYTES * rep * _standalone_norms(layer)
+    tp_pairs = 1.0 if "mlp" in m and not layer.experts and ctx.tp > 1 and layer.mlp_linears else 0.0
+    return (tuple(shares) if any(shares) else ()), n_bytes, tp_pairs
+
+
+def _selective_discarded(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,
+                        expert_tokens: float) -> Saved:
+    """What the selective modules beyond the attention core (Ctx.modules) keep out of _saved's
+    count, per GPU (Megatron-Core at Megatron-LM 000c4ac; `g` as in _saved):
+    - mla_up_proj: the queries, keys and values, outputs of the up-projections and the rotary
+      embedding, which the attention core saved (the checkpoint discards them once the core has
+      run and rebuilds them before its backward);
+    - mlp: the MLP's norm output (the first linear's input, g), the first GEMM's output and the
+      activation's (the checkpoint keeps only its input, the residual stream _saved counts as the
+      norm's input) and that norm's statistics;
+    - moe_act: the experts' activation output, the second expert GEMM's input (g; under fp8
+      megatron-core has that linear save its original input, which the checkpoint discards);
+    - layernorm: each standalone norm's output (g; under fp8 the linears reading it save the
+      original, discarded) and its statistics (the norm runs without grad; its input, the
+      residual stream, stays)."""
+    g = FP8_BYTES if ctx.quantised_inputs else ACT_BYTES
+    m = ctx.modules
+    stats = (8 if layer.norm == "layernorm" else 4) * tokens / (ctx.tp if ctx.sp else 1)
+    main = aux = 0.0
+    if "mla_up_proj" in m and layer.mla:
+        main += ACT_BYTES * tokens * (q_local * layer.d_qk + kv_local * (layer.d_qk + layer.d_v))
+    if "mlp" in m and not layer.experts and layer.mlp_linears:
+        per_token_mlp = (2 if layer.ffn_act == "swiglu" else 1) * ACT_BYTES + g
+        main += g * _gemm_input(ctx, tokens, layer.hidden, rep) + per_token_mlp * tokens * layer.ffn_width / ctx.tp
+        aux += stats
+    if "moe_act" in m and layer.experts:
+        main += g * expert_tokens * layer.expert_linears[1].k / ctx.tp
+    if "layernorm" in m:
+        norms = _standalone_norms(layer)
+        main += norms * g * _gemm_input(ctx, tokens, layer.hidden, rep)
+        aux += norms * stats
+    return Saved(main=main, aux=aux)
 
 
 def _mlp_backward(layer: Layer, tokens: float, expert_tokens: float, tp: int) -> float:
@@ -513,7 +615,7 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     main += ACT_BYTES * tokens * (q_local * layer.d_qk + kv_local * (layer.d_qk + layer.d_v))
     kept_by_core = ACT_BYTES if ctx.flash else 0  # eager attention's backward needs its probabilities, not O
     main += (kept_by_core + g if ctx.quantised_inputs else ACT_BYTES) * tokens * q_local * layer.d_v
-    if not ctx.flash and ctx.recompute != "selective":
+    if not ctx.flash and not (ctx.recompute == "selective" and "core_attn" in ctx.modules):
         main += score_elems * (ACT_BYTES + ((MASK_BYTES + ACT_BYTES) if d else 0))
     # the first GEMM's output (two halves under SwiGLU) in 16 bits, the activation's output (the
     # second GEMM's input) at g
@@ -531,6 +633,9 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
     main += _eager_saved(layer, ctx, tokens, rep, q_local, kv_local, expert_tokens)
     stats = (8 if layer.norm == "layernorm" else 4) * 2 * tokens / (ctx.tp if ctx.sp else 1)
     lse = _lse_bytes(ctx, tokens, q_local)
+    if ctx.recompute == "selective":
+        dropped = _selective_discarded(layer, ctx, tokens, rep, q_local, kv_local, expert_tokens)
+        return Saved(main=main - dropped.main, aux=stats + lse - dropped.aux)
     return Saved(main=main, aux=stats + lse)
 
 

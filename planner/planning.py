@@ -113,6 +113,11 @@ def _setup(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq
         raise SpecError(f"--moe-folding lays out expert layers; {model.name} has no experts")
     if options.moe_imbalance != 1.0 and model.moe is None:
         raise SpecError(f"--moe-imbalance spreads tokens over experts; {model.name} has no experts")
+    if "mla_up_proj" in options.recompute_modules and model.mla is None:
+        raise SpecError(f"--recompute-modules mla_up_proj recomputes MLA's up-projections; {model.name} has no "
+                        "multi-latent attention")
+    if "moe_act" in options.recompute_modules and model.moe is None:
+        raise SpecError(f"--recompute-modules moe_act recomputes the experts' activation; {model.name} has no experts")
     if options.ep_overlap and not ep_overlap_runs_mtp(model.mtp_layers, pp=max(2, model.layers)):
         raise SpecError(f"--ep-overlap runs at most one MTP layer; {model.name} has {model.mtp_layers}")
     if precision == "fp8" and (refused := recipe_gpu_refusal(fp8_recipe(runtime, options.fp8_recipe), cluster.gpu)):

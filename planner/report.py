@@ -33,7 +33,8 @@ def estimate_table(plan: dict) -> None:
              + (", expert all-to-alls overlapped" if tr.get("ep_overlap") else "")
              + (", experts folded (expert tp 1)" if tr.get("moe_folding") else "")
              + (", tp collectives not overlapped" if tr.get("no_tp_overlap") else "")
-             + (f", Adam moments in {tr['optimizer_states']}" if tr.get("optimizer_states") else ""))
+             + (f", Adam moments in {tr['optimizer_states']}" if tr.get("optimizer_states") else "")
+             + (f", selective recompute of {' '.join(tr['recompute_modules'])}" if tr.get("recompute_modules") else ""))
     err.print(f"[bold]{esc(title)}[/bold]")
     err.print((f"pool {plan['strategy_pool']}: " if "strategy_pool" in plan else "") + _knobs(st), markup=False,
               highlight=False)

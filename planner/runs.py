@@ -19,7 +19,7 @@ from planner.runtimes import RUNTIME_RULES
 from planner.search.space import MAX_VPP
 from planner.spec.fields import Fields, load_document
 from planner.spec.hardware import Cluster, Efficiency, load_cluster
-from planner.spec.model import ModelSpec
+from planner.spec.model import ModelSpec, load_model
 from planner.spec.training import (
     FP8_RECIPES,
     GRAD_REDUCES,
@@ -30,6 +30,7 @@ from planner.spec.training import (
     STRATEGY_KNOBS,
     Strategy,
     TrainingSetup,
+    checked_modules,
     resolve_strategy,
 )
 from planner.units import GIB
@@ -43,7 +44,7 @@ RUN_KEYS = ("id", "source", "model", "cluster", "gpus", "global_batch", "seq_len
             "strategy", "unknown", "notes", "note", "measured", "step_time_s", "derivation",
             "analytic_reference", "confidence", "runtime", "runtime_version", "moe_dispatcher", "ep_overlap", "moe_folding",
             "fp8_recipe", "grad_reduce", "fp8_param_gather", "loss_fusion", "moe_imbalance", "no_tp_overlap",
-            "optimizer_states", "erratum")
+            "optimizer_states", "recompute_modules", "erratum")
 RUN_RUNTIMES = tuple(name for name in RUNTIME_RULES if name != "ideal")
 """the software a published run ran on (Megatron-LM, NeMo and Megatron-Bridge count as megatron,
 Megatron-LM before its 2023 overlaps as megatron@2022; Megatron-DeepSpeed as deepspeed; MosaicML
@@ -69,6 +70,14 @@ class Run:
     runtime_version: str = ""
 
 
+def _modules(f: Fields) -> tuple[str, ...]:
+    """A run's recompute_modules (spec/training.checked_modules), () when absent."""
+    try:
+        return checked_modules(f.raw("recompute_modules", []))
+    except SpecError as e:
+        raise f.error("recompute_modules", str(e).removeprefix("recompute-modules: ")) from None
+
+
 def load_runs(path: Path | None = None) -> list[Run]:
     path = Path(path) if path else BUNDLED
     items = load_document(path)
@@ -79,9 +88,13 @@ def load_runs(path: Path | None = None) -> list[Run]:
         f = Fields(item, str(path), f"[{i}].")
         run_id = f.str("id")
         f.prefix = f"{run_id}."
-        model_data = dict(f.raw("model"))
-        model_data.setdefault("name", run_id)
-        model = ModelSpec.from_dict(model_data, f"{path}: {run_id}.model")
+        model_ref = f.raw("model")
+        if isinstance(model_ref, str):
+            model = load_model(model_ref)  # a preset's name, as `cluster` takes one
+        elif isinstance(model_ref, dict):
+            model = ModelSpec.from_dict({"name": run_id, **model_ref}, f"{path}: {run_id}.model")
+        else:
+            raise f.error("model", f"expected a preset's name or a mapping of the model's dimensions, got {model_ref!r}")
         ref = f.raw("cluster")
         if isinstance(ref, str):
             cluster = clusters.setdefault(ref, load_cluster(ref))
@@ -103,7 +116,8 @@ def load_runs(path: Path | None = None) -> list[Run]:
                               loss_fusion=f.choice("loss_fusion", LOSS_FUSIONS, ""),
                               moe_imbalance=f.float("moe_imbalance", 1.0, minimum=1.0, maximum=MAX_MOE_IMBALANCE),
                               no_tp_overlap=f.bool("no_tp_overlap", False),
-                              optimizer_states=f.choice("optimizer_states", OPTIMIZER_STATES, ""))
+                              optimizer_states=f.choice("optimizer_states", OPTIMIZER_STATES, ""),
+                              recompute_modules=_modules(f))
         strategy = dict(f.raw("strategy", {}))
         for knob in strategy:
             if knob not in STRATEGY_KNOBS:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.graph import TORCH_LOSS_RW_BYTES
-from planner.spec.training import FP8_RECIPES, LOSS_FUSIONS
+from planner.spec.training import FP8_RECIPES, LOSS_FUSIONS, RECOMPUTE_MODULES
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +130,11 @@ class RuntimeRules:
     priced in: 'selective', the attention core (Korthikanti et al. 2022; Megatron-LM's
     --recompute-granularity selective), or 'op', torchtitan's per-op policy (graph.op_policy:
     every second matmul and the memory-bound ops, the attention kernel's output kept)"""
+    recompute_modules: tuple[str, ...] = ()
+    """the modules its selective recomputation can be told to recompute (spec/training
+    .RECOMPUTE_MODULES; TrainingSetup.recompute_modules): all of them on Megatron-LM
+    (--recompute-modules, 000c4ac arguments.py), none elsewhere (their selective recomputation is
+    one fixed policy)"""
     pp_outermost_unless_cp_is_ep: bool = False
     """with pipeline stages, a rank order that does not end in pp runs only where the expert
     data-parallel size dp*cp/ep equals dp, that is cp == ep (megatron-core 0.16.0
@@ -442,7 +447,7 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                           "its plans)", tp_overlap=True, ep_dispatchers=("dedup", "alltoall"), attention=("cudnn", "fa2"),
                           ep_overlap=True, loss_bytes_per_logit=4.0, moe_folding=True, hybrid_zero=(1, 2, 3),
                           batch_shares=True, pool_stages="any", grad_reduces=("fp32", "bf16"), fp8_param_gather=True,
-                          optimizer_states=("fp32", "bf16"),
+                          optimizer_states=("fp32", "bf16"), recompute_modules=RECOMPUTE_MODULES,
                           fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS, pp_overlap=True),
     "megatron": RuntimeRules((0, 1), (0, 1), True, True, "ends", "uniform", True, True,
                              "Megatron-LM: distributed optimizer (ZeRO-1) at most; one --recompute-num-layers "
@@ -455,6 +460,8 @@ RUNTIME_RULES: dict[str, RuntimeRules] = {
                              # arguments.py: --grad-reduce-in-bf16, --fp8-param-gather, --use-precision-aware-optimizer
                              # with --exp-avg-dtype / --exp-avg-sq-dtype (Megatron-LM 000c4ac)
                              grad_reduces=("fp32", "bf16"), fp8_param_gather=True, optimizer_states=("fp32", "bf16"),
+                             # --recompute-granularity selective --recompute-modules (arguments.py, 000c4ac)
+                             recompute_modules=RECOMPUTE_MODULES,
                              # --num-distributed-optimizer-instances (megatron-core parallel_state:
                              # intra-partial groups of dp*cp/instances consecutive dp-cp ranks)
                              hybrid_zero=(1,), fp8_saves_quantised=True, loss_fusions=LOSS_FUSIONS,
@@ -755,6 +762,18 @@ def optimizer_states_refusal(runtime: str, precision: str, requested: str) -> st
     if requested != have[0] and precision == "fp16":
         return f"optimizer states in {requested} need precision bf16 or fp8, got fp16"
     return None
+
+
+def recompute_modules_refusal(runtime: str, requested: tuple[str, ...]) -> str | None:
+    """Why `runtime` cannot be told which modules its selective recomputation recomputes (None
+    when it can, or none are named)."""
+    have = RUNTIME_RULES[runtime].recompute_modules
+    missing = [m for m in requested if m not in have]
+    if not missing:
+        return None
+    if not have:
+        return f"runtime {runtime} has one selective recomputation of its own; it takes no recompute modules"
+    return f"runtime {runtime} recomputes {', '.join(have)} selectively, not {', '.join(missing)}"
 
 
 def loss_fusion_refusal(runtime: str, requested: str) -> str | None:

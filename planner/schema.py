@@ -10,7 +10,8 @@ pools (mixed clusters). A v1 plan lacks the first three; diff, check, export and
 Later optional v2 keys: inputs.runtimes, alternatives[].runtime and best_per_runtime (a search
 over the union of several runtimes' spaces, the default), and training.runtime 'ideal' (the
 old 'any', still read as 'ideal'), inputs.training.ep_overlap, moe_folding, fp8_recipe,
-grad_reduce, fp8_param_gather, loss_fusion, moe_imbalance, no_tp_overlap and optimizer_states, and
+grad_reduce, fp8_param_gather, loss_fusion, moe_imbalance, no_tp_overlap, optimizer_states and
+recompute_modules, and
 strategy.dp_shard (hybrid sharding, only where set); a plan of batch shares over several
 pools (pools[].share, strategy_pool: the pool the strategy, stages and placement describe,
 inputs.cluster the mixed cluster, inputs.training its GPUs and whole batch, breakdown_s's
@@ -24,7 +25,7 @@ from planner.cost.memory import MEMORY_KEYS
 from planner.cost.step import BREAKDOWN_KEYS
 from planner.errors import PlanFormatError
 from planner.runtimes import OLD_NAMES, OLDER_VERSIONS, TARGETS
-from planner.spec.training import FP8_RECIPES, GRAD_REDUCES, LOSS_FUSIONS, OPTIMIZER_STATES
+from planner.spec.training import FP8_RECIPES, GRAD_REDUCES, LOSS_FUSIONS, OPTIMIZER_STATES, RECOMPUTE_MODULES
 
 _NUM = {"type": "number"}
 _INT = {"type": "integer", "minimum": 1}
@@ -80,10 +81,11 @@ TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
                  "grad_reduce": {"type": "string", "enum": list(GRAD_REDUCES)}, "fp8_param_gather": _BOOL,
                  "loss_fusion": {"type": "string", "enum": list(LOSS_FUSIONS)},
                  "moe_imbalance": {"type": "number", "minimum": 1}, "no_tp_overlap": _BOOL,
-                 "optimizer_states": {"type": "string", "enum": list(OPTIMIZER_STATES)}},
+                 "optimizer_states": {"type": "string", "enum": list(OPTIMIZER_STATES)},
+                 "recompute_modules": {"type": "array", "items": {"type": "string", "enum": list(RECOMPUTE_MODULES)}}},
                 required=[*_TRAINING, "memory_headroom"])
-"""moe_dispatcher, fp8_recipe, grad_reduce, loss_fusion and optimizer_states only where the request named
-one (else the runtime's own); ep_overlap, moe_folding, fp8_param_gather and no_tp_overlap only where they are on
+"""moe_dispatcher, fp8_recipe, grad_reduce, loss_fusion, optimizer_states and recompute_modules only where the
+request named one (else the runtime's own); ep_overlap, moe_folding, fp8_param_gather and no_tp_overlap only where they are on
 (moe_folding false: the request kept the experts unfolded); moe_imbalance only where it is not 1"""
 _SOLVER = _obj({"name": _STR, "time_limit_s": _NUM})
 _INPUTS = {"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,

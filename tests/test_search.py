@@ -16,7 +16,7 @@ from planner.search.driver import search
 from planner.search.floors import TIE, inverse_in_flight_sum, reciprocal_run
 from planner.search.ilp import recompute_ilp
 from planner.spec.hardware import load_cluster
-from planner.spec.model import ModelSpec, MoeSpec, load_model
+from planner.spec.model import MlaSpec, ModelSpec, MoeSpec, load_model
 from planner.spec.training import Strategy, TrainingSetup, strategy_problems
 
 # --- the closed forms of the lower bounds ----------------------------------------------------
@@ -552,7 +552,9 @@ def tight_instances(draw):
                       moe=moe)
     setup = TrainingSetup(gpus=draw(st.sampled_from([2, 4])), global_batch=draw(st.sampled_from([4, 8])),
                           seq_len=draw(st.sampled_from([2048, 4096])),
-                          optimizer_states=draw(st.sampled_from(["", "bf16"])))  # bf16: smaller states
+                          optimizer_states=draw(st.sampled_from(["", "bf16"])),  # bf16: smaller states
+                          # what 'selective' recomputes: the attention core, or modules that drop activations
+                          recompute_modules=draw(st.sampled_from([(), ("mlp",), ("mlp", "moe_act", "layernorm")])))
     fixed = {"order": "tp-cp-ep-dp-pp", "tp": 1, "cp": 1, "ep": 1, "zero": draw(st.sampled_from([0, 1, 3]))}
     if draw(st.booleans()):
         fixed["recompute"] = "full"  # then no 'none' twin covers the counts of 0
@@ -581,7 +583,8 @@ def test_search_equals_brute_force_for_a_runtime_that_recomputes_every_layer_or_
     """torchtitan checkpoints every layer or none: the search's 'full' plans recompute all their
     layers, and the best is brute force's over that space (FSDP, any split)."""
     model, cluster, setup, fixed = instance
-    setup = replace(setup, runtime="torchtitan", optimizer_states="")  # its AdamW keeps fp32 moments
+    # its AdamW keeps fp32 moments; its selective recomputation is its own per-op policy
+    setup = replace(setup, runtime="torchtitan", optimizer_states="", recompute_modules=())
     fixed = dict(fixed, zero=3)
     result = search(model, cluster, setup, fixed)
     expected = brute_force_tight(model, cluster, setup, fixed, every_layer=True)
@@ -965,16 +968,20 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
     overlapped expert all-to-alls and the slowest groups priced): random candidates of random small dense and MoE setups on H100,
     their first and refined bounds against `estimate` on random splits and counts the runtime runs
     (the ideal space, torchtitan, Megatron), in bf16 and in fp8 under the runtime's recipes, with
-    gradients reduced in bf16, weights gathered in fp8, Adam's moments in bf16 and tp collectives
-    left exposed where its record runs them."""
+    gradients reduced in bf16, weights gathered in fp8, Adam's moments in bf16, selective
+    recomputation of named modules (an MLA model among them) and tp collectives left exposed where
+    its record runs them."""
     from planner.search import bounds as bounds_mod
     from planner.search.floors import SAFETY
 
     rng = np.random.default_rng(seed)
     moe = MoeSpec(experts=8, top_k=2, expert_ffn_hidden=1024, dense_layers=1) if rng.random() < 0.5 else None
     layers = int(rng.integers(3, 9))
-    model = ModelSpec(name="m", layers=layers, hidden=1024, heads=8, kv_heads=int(rng.choice([2, 8])), ffn_hidden=2048,
-                      vocab=int(rng.choice([32000, 128000])), ffn_act="swiglu", seq_len=4096, moe=moe)
+    mla = (MlaSpec(kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
+                   q_lora_rank=int(rng.choice([0, 384]))) if rng.random() < 0.3 else None)
+    model = ModelSpec(name="m", layers=layers, hidden=1024, heads=8, kv_heads=8 if mla else int(rng.choice([2, 8])),
+                      ffn_hidden=2048, vocab=int(rng.choice([32000, 128000])), ffn_act="swiglu", seq_len=4096, moe=moe,
+                      mla=mla)
     setup = TrainingSetup(gpus=int(rng.choice([8, 16])), global_batch=32, seq_len=int(rng.choice([2048, 4096])),
                           runtime=str(rng.choice(["any", "torchtitan", "megatron"])))
     rules = space.RUNTIME_RULES[setup.runtime]
@@ -996,6 +1003,8 @@ def test_every_bound_is_at_most_the_price_of_any_split_and_count(seed):
         setup = replace(setup, moe_folding=True)  # expert layers without tensor parallelism
     if rules.tp_overlap and rng.random() < 0.5:
         setup = replace(setup, no_tp_overlap=True)  # the tp collectives left exposed (--no-tp-overlap)
+    if rules.recompute_modules and rng.random() < 0.5:  # what selective recomputes (--recompute-modules)
+        setup = replace(setup, recompute_modules=tuple(m for m in rules.recompute_modules if rng.random() < 0.5))
     found = bounds_mod.bound_all(model, CLUSTER, setup, {}, rules)
     picks = rng.choice(len(found.bound_s), size=min(12, len(found.bound_s)), replace=False)
     refined, _ = found.refined_s(np.sort(picks))

@@ -3,7 +3,8 @@
 Per micro-batch and pipeline stage, each layer costs forward compute (GEMMs, attention core,
 memory-bound ops), backward compute (2x the GEMMs: input and weight gradients; the attention core
 2x eager or 2.5x flash, whose backward recomputes the scores; 2x the memory-bound traffic),
-recompute (the forward again for full recompute, the attention core for selective), and the
+recompute (the forward again for full recompute; for selective its modules, the attention core
+unless others are named: TrainingSetup.recompute_modules), and the
 collectives it issues (tensor parallel, the context-parallel exchange of K and V: a ring or an
 all-gather, cp_exposed_s; expert all-to-all); a stage adds the
 pass some runtimes make over its parameters to accumulate the gradients outside the GEMMs
@@ -230,8 +231,15 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
         # all-reduce time), the all-reduces without
         recompute = (sum(share * t for share, t in zip(w.op_recomputed, gemms_fwd)) + mem + core_mem + eager_fwd
                      + quant_fwd + (tp_one / 2 if ctx.sp else tp_one))
+    elif ctx.recompute == "selective":
+        # the attention core where it is among the modules (Korthikanti et al. 2022), and what the
+        # other modules run again (graph._selective_work)
+        recompute = (attn + core_mem + cp_fwd if "core_attn" in ctx.modules else 0.0) + (
+            sum(share * t for share, t in zip(w.selective_recomputed, gemms_fwd))
+            + compute.memory_time_s(w.selective_bytes, gpu, eff)
+            + (w.selective_tp * tp_one / w.tp_collectives if w.selective_tp else 0.0))
     else:
-        recompute = {"none": 0.0, "selective": attn + core_mem + cp_fwd, "full": fwd + tp_one + ep_one + cp_fwd}[ctx.recompute]
+        recompute = {"none": 0.0, "full": fwd + tp_one + ep_one + cp_fwd}[ctx.recompute]
     ep = 2 * ep_one
     if ep_overlap:
         covered = min(ep, fwd + bwd)
@@ -478,6 +486,7 @@ def layer_ctx(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: int,
     """The shape one micro-batch takes on one GPU under these degrees (no recomputation)."""
     rules = RUNTIME_RULES[setup.runtime]
     return Ctx(micro_batch=micro_batch, seq_len=setup.seq_len, tp=tp, cp=cp, ep=ep, sp=sequence_parallel,
+               modules=setup.selective_modules,
                sp_saves_gathered=sequence_parallel and tp > 1 and rules.sp_saves_gathered,
                flash=setup.attention == "flash", dropout=model.dropout, folded=setup.expert_tp(tp, model) < tp,
                quantised_inputs=setup.precision == "fp8" and rules.fp8_saves_quantised,
@@ -1031,16 +1040,18 @@ def _model_flops_per_layer(model: ModelSpec, seq_len: int) -> tuple[tuple[float,
 
 
 @lru_cache(maxsize=64)
-def _executed_per_sequence(model: ModelSpec, seq_len: int, flash: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                                 float]:
+def _executed_per_sequence(model: ModelSpec, seq_len: int, flash: bool,
+                           modules: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """Of one sequence: per layer of the chain the forward FLOPs a GPU executes (its GEMMs and
-    attention core, causal flash at half the scores), the attention core's part and the part of
-    its GEMMs' the per-op policy recomputes (graph.op_policy); and the LM head's forward."""
-    ctx = Ctx(micro_batch=1, seq_len=seq_len, flash=flash)
+    attention core, causal flash at half the scores), the attention core's part, the part of its
+    GEMMs' the per-op policy recomputes (graph.op_policy) and the part the selective `modules`
+    recompute beyond the core (graph.Work.selective_recomputed); and the LM head's forward."""
+    ctx = Ctx(micro_batch=1, seq_len=seq_len, flash=flash, modules=modules)
     works = [layer_work(layer, ctx) for layer in _layers(model)]
     return (np.array([sum(f for f, _ in w.gemms) + w.attn_flops for w in works]),
             np.array([w.attn_flops for w in works]),
             np.array([sum(share * f for share, (f, _) in zip(w.op_recomputed, w.gemms)) for w in works]),
+            np.array([sum(share * f for share, (f, _) in zip(w.selective_recomputed, w.gemms)) for w in works]),
             head_work(model, ctx).gemm_flops)
 
 
@@ -1076,14 +1087,18 @@ def compute_floor_s(model: ModelSpec, cluster: Cluster, setup: TrainingSetup) ->
 def executed_flops_per_step(model: ModelSpec, setup: TrainingSetup, s: Strategy, stages) -> float:
     """FLOPs the GPUs execute in one step: forward, backward at twice the forward (a flash
     attention core's at 2.5x: it recomputes the scores, Dao 2023 §3.1), and what recomputation
-    runs again (the forward of each stage's recomputed layers under 'full'; under 'selective' the
-    attention core, or on a runtime with the per-op policy the GEMMs it recomputes), for every
-    sequence of the global batch."""
-    fwd, attn, op_gemms, head = _executed_per_sequence(model, setup.seq_len, setup.attention == "flash")
+    runs again (the forward of each stage's recomputed layers under 'full'; under 'selective' its
+    modules, the attention core and the GEMMs of the others, or on a runtime with the per-op
+    policy the GEMMs it recomputes), for every sequence of the global batch."""
+    modules = setup.selective_modules
+    fwd, attn, op_gemms, selective, head = _executed_per_sequence(model, setup.seq_len, setup.attention == "flash",
+                                                                  modules)
     extra = (compute.FLASH_BWD_FACTOR - 2.0) if setup.attention == "flash" else 0.0
     total = 3 * fwd.sum() + extra * attn.sum() + 3 * head
-    if s.recompute == "selective":
-        total += op_gemms.sum() if priced_mode(setup, "selective") == "op" else attn.sum()
+    if s.recompute == "selective" and priced_mode(setup, "selective") == "op":
+        total += op_gemms.sum()
+    elif s.recompute == "selective":
+        total += (attn.sum() if "core_attn" in modules else 0.0) + selective.sum()
     elif s.recompute == "full":
         for stage in stages:
             left = stage.recompute_layers

@@ -79,6 +79,9 @@ class PlanView:
     """tensor-parallel collectives priced exposed (TrainingSetup.no_tp_overlap)"""
     optimizer_states: str = ""
     """the dtype of Adam's moments where the request named one (TrainingSetup.optimizer_states)"""
+    recompute_modules: tuple[str, ...] = ()
+    """what selective recomputation recomputes where the request named it
+    (TrainingSetup.recompute_modules)"""
     dp_shard: int = 0
     """hybrid sharding's shard group of data-parallel ranks (Strategy.dp_shard; 0: all of dp)"""
     pool_shares: tuple[str, ...] = ()
@@ -171,6 +174,7 @@ def read(plan: dict) -> PlanView:
                     loss_fusion=str(training.get("loss_fusion", "")),
                     no_tp_overlap=training.get("no_tp_overlap", False) is True,
                     optimizer_states=str(training.get("optimizer_states", "")),
+                    recompute_modules=tuple(training.get("recompute_modules", ())),
                     dp_shard=int(strategy.get("dp_shard", 0)),
                     pool_shares=tuple(p["name"] for p in plan.get("pools", []) if p.get("share")),
                     stage_pools=stage_pools, stage_libraries=libraries, stage_node_sizes=node_sizes,
@@ -252,7 +256,7 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
     search and `estimate --runtime` read: an exporter refuses at least that."""
     from planner.runtimes import (RUNTIME_RULES, ep_overlap_problems, ep_overlap_refusal,
                                   fp8_param_gather_refusal, folding_refusal, grad_reduce_refusal,
-                                  loss_fusion_refusal, optimizer_states_refusal)
+                                  loss_fusion_refusal, optimizer_states_refusal, recompute_modules_refusal)
     from planner.spec.training import Strategy
     s = Strategy(dp=v.dp, tp=v.tp, pp=v.pp, cp=v.cp, ep=v.ep, vpp=v.vpp, micro_batch=v.micro_batch, zero=v.zero,
                  recompute=v.recompute, sequence_parallel=v.sequence_parallel, dp_overlap=v.dp_overlap,
@@ -272,6 +276,8 @@ def check_record(v: PlanView, record: str, runtime: str) -> None:
     if not why and optimizer_states_refusal(record, v.precision, v.optimizer_states):
         why = (f"Adam's moments kept in {v.optimizer_states} (it keeps them in "
                f"{', '.join(RUNTIME_RULES[record].optimizer_states)})")
+    if not why and recompute_modules_refusal(record, v.recompute_modules):
+        why = f"selective recomputation of {', '.join(v.recompute_modules)} (--recompute-modules)"
     if not why and loss_fusion_refusal(record, v.loss_fusion):
         why = f"the fused {v.loss_fusion} cross-entropy loss the plan was priced with (--loss-fusion)"
     if not why and v.ep_overlap and ep_overlap_refusal(record, True):

@@ -53,14 +53,15 @@ over CUDA IPC handles (TE examples/pytorch/comm_gemm_overlap/README.md; userbuff
 multicast only where sm_arch >= 9 and UB_SKIPMC is unset)"""
 
 Arg = tuple[str, object]
-"""an argument and its value (None for a switch)"""
+"""an argument and its value (None for a switch, a tuple for an argument of several values)"""
 
 
 def export(plan: dict, v: PlanView, fmt: str = "lines") -> str:
     if fmt not in FORMATS:
         raise ExportError(f"Megatron-LM formats are {', '.join(FORMATS)}; not {fmt!r}")
     args = arguments(v)
-    lines = [shlex.join([flag] + ([] if value is None else [str(value)])) for flag, value in args]
+    lines = [shlex.join([flag] + ([] if value is None else list(map(str, value)) if isinstance(value, tuple)
+                                  else [str(value)])) for flag, value in args]
     if fmt == "launch":
         return launch_script(plan, v, lines)
     return ("\n".join(lines) if fmt == "lines" else " ".join(lines)) + "\n"
@@ -265,8 +266,11 @@ def _planned_recompute(r: int, sizes: tuple[int, ...]) -> list[int]:
 
 
 def _recompute(v: PlanView) -> list[Arg]:
+    """The recompute flags (Megatron-LM 000c4ac arguments.py: --recompute-granularity, and
+    --recompute-modules, space-separated, where the plan names what selective recomputes)."""
     if v.recompute == "selective":
-        return [("--recompute-granularity", "selective")]
+        return [("--recompute-granularity", "selective")] + (
+            [("--recompute-modules", v.recompute_modules)] if v.recompute_modules else [])
     if v.recompute != "full" or not any(v.recompute_counts):
         return []
     largest = max(max(st.sizes) for st in v.stages)

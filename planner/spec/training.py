@@ -32,6 +32,19 @@ OPTIMIZER_STATES = ("fp32", "bf16")
 --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, Transformer Engine's
 FusedAdam under the distributed optimizer, as DeepSeek-V3 trained and NVIDIA's MoE recipes run):
 what each keeps and moves is cost/memory.optimizer_bytes"""
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "layernorm")
+"""the parts of a layer a selective recomputation may recompute (Megatron-LM
+--recompute-granularity selective --recompute-modules; megatron-core TransformerConfig
+.recompute_modules at Megatron-LM 000c4ac, whose default is core_attn), in this order:
+core_attn the attention core (Korthikanti et al. 2022's selective recomputation), mla_up_proj
+MLA's up-projections and rotary embedding, mlp a dense layer's MLP, moe_act the experts'
+activation, layernorm the norms that are modules of their own (MLA's input norm, an MoE layer's
+pre-MLP norm; the others are fused into the linear they feed). What each drops and recomputes:
+graph._selective_discarded and graph._selective_work. Megatron's 'moe' and 'shared_experts' are not
+priced."""
+DEFAULT_MODULES = ("core_attn",)
+"""what selective recomputation recomputes where the request names no modules: Megatron-LM's
+default and, for the runtimes without the knob, the attention core their selective mode prices"""
 LOSS_FUSIONS = ("native", "te")
 """the fused cross-entropy losses a run may use in place of its runtime's own (Megatron-LM
 --cross-entropy-loss-fusion with --cross-entropy-fusion-impl native or te: megatron-core
@@ -59,6 +72,20 @@ the 1-2 GiB that NCCL's initialisation alone was measured to take (stas00/ml-eng
 training/performance/README.md). `estimate` and `validate` price at 0: what ran, fits."""
 
 
+def checked_modules(value) -> tuple[str, ...]:
+    """Recompute modules as a tuple in RECOMPUTE_MODULES' order, each once (a list, a tuple or a
+    comma-separated string; empty: none named), else the SpecError that names the bad one."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise SpecError(f"recompute-modules must be a list of {', '.join(RECOMPUTE_MODULES)}, got {value!r}")
+    for name in value:
+        if name not in RECOMPUTE_MODULES:
+            raise SpecError(f"recompute-modules: {name!r} is not one the cost model prices "
+                            f"({', '.join(RECOMPUTE_MODULES)})")
+    return tuple(m for m in RECOMPUTE_MODULES if m in value)
+
+
 MAX_MOE_IMBALANCE = 8.0
 """the largest moe-imbalance a setup takes: a rank's load at 8 balanced shares is a router sending
 most tokens to one rank's experts, far past what load-balancing losses leave"""
@@ -76,7 +103,8 @@ def checked_imbalance(f) -> float:
 class RunOptions:
     """How a request runs beyond its precision and parallelism: the TrainingSetup fields
     moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather,
-    loss_fusion, moe_imbalance, no_tp_overlap and optimizer_states as one value, what the CLI, planning and forecasts pass along (TrainingSetup
+    loss_fusion, moe_imbalance, no_tp_overlap, optimizer_states and recompute_modules as one value, what the CLI,
+    planning and forecasts pass along (TrainingSetup
     checks them). folding None leaves it to the search: both layouts where the runtime folds
     (planning.moe_variants)."""
 
@@ -90,9 +118,11 @@ class RunOptions:
     moe_imbalance: float = 1.0
     no_tp_overlap: bool = False
     optimizer_states: str = ""
+    recompute_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "moe_imbalance", checked_imbalance(self.moe_imbalance))
+        object.__setattr__(self, "recompute_modules", checked_modules(self.recompute_modules))
 
     def at(self, precision: str) -> "RunOptions":
         """The options a setup in `precision` takes: no fp8 recipe nor fp8 parameter gather below
@@ -110,7 +140,7 @@ class RunOptions:
                 "fp8_recipe": self.fp8_recipe, "grad_reduce": self.grad_reduce,
                 "fp8_param_gather": self.fp8_param_gather, "loss_fusion": self.loss_fusion,
                 "moe_imbalance": self.moe_imbalance, "no_tp_overlap": self.no_tp_overlap,
-                "optimizer_states": self.optimizer_states}
+                "optimizer_states": self.optimizer_states, "recompute_modules": self.recompute_modules}
 
     @classmethod
     def recorded(cls, training: dict) -> "RunOptions":
@@ -121,7 +151,8 @@ class RunOptions:
                    grad_reduce=training.get("grad_reduce", ""), fp8_param_gather=training.get("fp8_param_gather", False),
                    loss_fusion=training.get("loss_fusion", ""), moe_imbalance=training.get("moe_imbalance", 1.0),
                    no_tp_overlap=training.get("no_tp_overlap", False),
-                   optimizer_states=training.get("optimizer_states", ""))
+                   optimizer_states=training.get("optimizer_states", ""),
+                   recompute_modules=tuple(training.get("recompute_modules", ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +204,9 @@ class TrainingSetup:
     """the dtype of Adam's moments (OPTIMIZER_STATES; runtimes.RuntimeRules.optimizer_states),
     kept so under a sharded optimizer (ZeRO >= 1: Megatron-Core asserts its distributed optimizer
     for --use-precision-aware-optimizer); '' = the runtime's own (fp32)"""
+    recompute_modules: tuple[str, ...] = ()
+    """what a strategy's selective recomputation recomputes (RECOMPUTE_MODULES;
+    runtimes.RuntimeRules.recompute_modules); () = DEFAULT_MODULES, the attention core"""
 
     def __post_init__(self) -> None:
         for name, most in (("gpus", MAX_GPUS), ("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_SEQ_LEN)):
@@ -187,7 +221,7 @@ class TrainingSetup:
         from planner.runtimes import (RUNTIME_RULES, dispatcher_refusal, ep_overlap_refusal, folding_refusal,
                                       fp8_param_gather_refusal, fp8_recipe_refusal, grad_reduce_refusal,
                                       loss_fusion_refusal, optimizer_states_refusal, precision_refusal,
-                                      record_name)
+                                      record_name, recompute_modules_refusal)
         object.__setattr__(self, "runtime", record_name(self.runtime))
         if self.runtime not in RUNTIME_RULES:
             raise SpecError(f"runtime must be one of {', '.join(RUNTIME_RULES)}, got {self.runtime!r}")
@@ -206,6 +240,7 @@ class TrainingSetup:
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{name.replace('_', '-')} must be true or false, got {getattr(self, name)!r}")
         object.__setattr__(self, "moe_imbalance", checked_imbalance(self.moe_imbalance))
+        object.__setattr__(self, "recompute_modules", checked_modules(self.recompute_modules))
         refused = (precision_refusal(self.runtime, self.precision)
                    or fp8_recipe_refusal(self.runtime, self.precision, self.fp8_recipe)
                    or dispatcher_refusal(self.runtime, self.moe_dispatcher)
@@ -214,7 +249,8 @@ class TrainingSetup:
                    or grad_reduce_refusal(self.runtime, self.precision, self.grad_reduce)
                    or fp8_param_gather_refusal(self.runtime, self.precision, self.fp8_param_gather)
                    or loss_fusion_refusal(self.runtime, self.loss_fusion)
-                   or optimizer_states_refusal(self.runtime, self.precision, self.optimizer_states))
+                   or optimizer_states_refusal(self.runtime, self.precision, self.optimizer_states)
+                   or recompute_modules_refusal(self.runtime, self.recompute_modules))
         if refused:
             raise SpecError(refused)
 
@@ -241,7 +277,16 @@ class TrainingSetup:
                 del out[name]  # plans made before the knob read alike
         if out["moe_imbalance"] == 1.0:
             del out["moe_imbalance"]  # balanced routing: plans made before the knob read alike
+        if out["recompute_modules"]:
+            out["recompute_modules"] = list(out["recompute_modules"])
+        else:
+            del out["recompute_modules"]  # the runtime's own: plans made before the knob read alike
         return out
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """what selective recomputation recomputes: the modules named, else DEFAULT_MODULES"""
+        return self.recompute_modules or DEFAULT_MODULES
 
     def expert_tp(self, tp: int, model) -> int:
         """The experts' tensor parallelism under dense tensor parallelism tp: 1 when folded (a
