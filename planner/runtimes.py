@@ -58,7 +58,7 @@ def whole_grads(figures: tuple[tuple[str, float], ...], precision: str, zero):
     kept_grad_bytes) at priced ZeRO stage `zero`, elementwise over an array: 0 above ZeRO-1, where
     the gradients are reduce-scattered shards, or where the record names no figure."""
     per_param = dict(figures).get(precision, 0.0)
-    if np.ndim(zero):
+    if getattr(zero, "ndim", 0):
         return np.where(np.less_equal(zero, 1), per_param, 0.0)
     return per_param if zero <= 1 else 0.0
 
@@ -366,7 +366,7 @@ class RuntimeRules:
         `pp` stages (pp_defers_sharding); elementwise over arrays."""
         if not self.pp_defers_sharding:
             return zero
-        if np.ndim(zero) or np.ndim(pp):
+        if getattr(zero, "ndim", 0) or getattr(pp, "ndim", 0):
             return np.where(np.greater(pp, 1) & np.greater_equal(zero, 2), 1, zero)
         return 1 if pp > 1 and zero >= 2 else zero
 

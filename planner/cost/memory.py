@@ -105,7 +105,7 @@ def state_bytes(params: float, zero: int, shards: int, grad_bytes: int,
 def from_stage(zero, stage: int, then, otherwise):
     """`then` where the ZeRO stage `zero` is at least `stage`, else `otherwise` (elementwise when
     zero is an array)."""
-    if np.ndim(zero):
+    if getattr(zero, "ndim", 0):  # np.ndim's wrapper costs more than the scalar path here
         return np.where(np.greater_equal(zero, stage), then, otherwise)
     return then if zero >= stage else otherwise
 

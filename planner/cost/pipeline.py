@@ -87,7 +87,7 @@ def in_flight(stage, pp: int, microbatches: int, vpp: int):
     """Micro-batches of the whole stage whose activations stage `stage` (an int or an array of
     them) holds at its peak; pp, microbatches and vpp may be arrays too."""
     one = np.minimum(pp - stage, microbatches) * 1.0
-    if np.ndim(vpp) == 0 and vpp == 1:
+    if not getattr(vpp, "ndim", 0) and vpp == 1:
         return one
     chunks = np.minimum(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, microbatches * vpp) / vpp
     return np.where(np.equal(vpp, 1), one, chunks)

@@ -745,7 +745,8 @@ def _stage_sums(prof: Profile, chunks, recompute_layers, keys) -> dict:
     P, full = prof.prefix, prof.strategy.recompute == "full"
 
     def total(key, lo, hi):
-        return P[key][hi] - P[key][lo] if P[key][-1] else 0.0
+        table = P[key]
+        return table[hi] - table[lo] if table[-1] else 0.0
 
     sums = {k: 0.0 for k in (*keys, "rec", "saved", "main", "n", "n_rec")}
     left = recompute_layers if full else 0
@@ -866,7 +867,7 @@ def zero_traffic_s(coll, zero, grad_bytes: int, gathered: tuple, dense, expert, 
 def _by_zero(zero, *cases):
     """Per ZeRO stage, the value of the first case (stages, thunk) listing it, else 0.0; zero
     may be an array. Only the thunks of stages present are called (a scalar zero prices one)."""
-    if not np.ndim(zero):
+    if not getattr(zero, "ndim", 0):
         return next((f() for stages, f in cases if zero in stages), 0.0)
     out = 0.0
     for stages, f in reversed(cases):

@@ -594,9 +594,9 @@ def _tables(prof, rules, width: int, counts: bool = False, cutoff: float = float
     size = times.shape
     t, tail = np.full((p, L + 1, width, size[-1]), np.inf), np.full((p, L + 1, width, size[-1]), np.inf)
     ok = np.zeros(t.shape, dtype=bool)
-    t[i, a, n - 1] = np.broadcast_to(times, size)
-    tail[i, a, n - 1] = np.broadcast_to(tails, size)
-    ok[i, a, n - 1] = np.broadcast_to(fits, size)
+    t[i, a, n - 1] = times  # each broadcast to the cells' shape (len(i), options)
+    tail[i, a, n - 1] = tails
+    ok[i, a, n - 1] = fits
     return t, tail, ok
 
 

@@ -79,7 +79,7 @@ def _chain(skewed: np.ndarray, combine) -> tuple:
     for i in range(1, p):
         total = combine(shifted, skewed[i])  # INF where the stage cannot end at b
         totals.append(total)
-        padded[..., width:] = total.min(axis=-2)
+        np.minimum.reduce(total, axis=-2, out=padded[..., width:])
     return (padded[..., -1].copy() if batch else float(padded[-1])), totals
 
 
@@ -91,7 +91,7 @@ def _shortest(skewed: np.ndarray) -> tuple[float, list[int]]:
         return INF, []
     cuts = [skewed.shape[2] - 1]
     for table in reversed(tables):
-        cuts.append(cuts[-1] - int(np.argmin(table[:, cuts[-1]])) - 1)
+        cuts.append(cuts[-1] - int(table[:, cuts[-1]].argmin()) - 1)
     cuts.append(0)
     return total, cuts[::-1]
 
@@ -141,10 +141,9 @@ class _Options:
         out.reshape(-1)[self.multi] = np.minimum.reduceat(allowed, self.starts)
         return out, allowed
 
-    def choice(self, cell: tuple, allowed: np.ndarray | None) -> int:
-        """The option a cell takes under the thresholds `allowed` came from."""
-        if allowed is None:  # no cell has several options
-            return int(self.first[cell])
+    def choice(self, cell: tuple, allowed: np.ndarray) -> int:
+        """The option a cell takes under the thresholds `allowed` came from (some cell has several
+        options: else every cell takes `first`)."""
         flat = int(np.ravel_multi_index(cell, self.shape))
         k = int(np.searchsorted(self.multi, flat))
         if k == len(self.multi) or self.multi[k] != flat:
@@ -188,10 +187,13 @@ def best_split(t: np.ndarray, tail: np.ndarray, ok: np.ndarray, microbatches: in
         if not cuts:
             return None
         bounds = [(cuts[i], cuts[i + 1]) for i in range(p)]
-        cells = [(i, lo, hi - lo - 1) for i, (lo, hi) in enumerate(bounds)]
-        chosen = tuple(options.choice((i, hi - lo - 1, hi), allowed) for i, (lo, hi) in enumerate(bounds))
-        t_max = max(t[c + (r,)] for c, r in zip(cells, chosen))
-        u_max = max(tail[c + (r,)] for c, r in zip(cells, chosen))
+        stage, lo, hi = np.arange(p), np.array(cuts[:-1]), np.array(cuts[1:])
+        if allowed is None:  # no cell has several options: each takes its first, all at once
+            chosen = tuple(options.first[stage, hi - lo - 1, hi].tolist())
+        else:
+            chosen = tuple(options.choice((i, b - a - 1, b), allowed) for i, (a, b) in enumerate(bounds))
+        picked = (stage, lo, hi - lo - 1, np.array(chosen))
+        t_max, u_max = t[picked].max(), tail[picked].max()
         return (microbatches - 1) * t_max + total + u_max, bounds, total, t_max, u_max, chosen
 
     free = solve(INF, INF)
