@@ -459,6 +459,22 @@ def _standalone_norms(layer: Layer) -> int:
     return int(attn) + int(mlp)
 
 
+def _applied(layer: Layer, modules: tuple[str, ...]) -> frozenset[str]:
+    """The selective modules that act on this layer (megatron-core at Megatron-LM 000c4ac):
+    core_attn on every layer, mla_up_proj on MLA's, mlp on those without experts
+    (transformer_layer.py sets recompute_mlp only where the MLP is no MoELayer), moe_act on those
+    with experts, layernorm where a norm is a module of its own (_standalone_norms)."""
+    acts = {"core_attn": True, "mla_up_proj": layer.mla, "mlp": not layer.experts and bool(layer.mlp_linears),
+            "moe_act": bool(layer.experts), "layernorm": _standalone_norms(layer) > 0}
+    return frozenset(m for m in modules if acts[m])
+
+
+def _norm_stats_bytes(layer: Layer, ctx: Ctx, tokens: float) -> float:
+    """The fp32 statistics one norm keeps for its backward: mean and rstd (LayerNorm) or rstd
+    (RMSNorm) per token, of the sequence shard under sequence parallelism."""
+    return (8 if layer.norm == "layernorm" else 4) * tokens / (ctx.tp if ctx.sp else 1)
+
+
 def _selective_work(layer: Layer, ctx: Ctx, n_gemms: int, rep: float, rope_rw: float, dense_act_rw: float,
                     expert_act_rw: float) -> tuple[tuple[float, ...], float, float]:
     """(Work.selective_recomputed, selective_bytes, selective_tp): what the selective modules
@@ -474,20 +490,20 @@ def _selective_work(layer: Layer, ctx: Ctx, n_gemms: int, rep: float, rope_rw: f
     - layernorm: each norm that is a module of its own (_standalone_norms).
     The quantisation of recomputed fp8 GEMM inputs is left out (a few percent of what it
     recomputes)."""
-    m = ctx.modules
-    shares = [1.0 if "mla_up_proj" in m and layer.mla and l.split == "col" else 0.0 for l in layer.attn_linears]
-    shares += [1.0 if "mlp" in m and not layer.experts else 0.0 for _ in layer.mlp_linears]
+    on = _applied(layer, ctx.modules)
+    shares = [1.0 if "mla_up_proj" in on and l.split == "col" else 0.0 for l in layer.attn_linears]
+    shares += [1.0 if "mlp" in on else 0.0 for _ in layer.mlp_linears]
     shares += [0.0] * (n_gemms - len(shares))
     n_bytes = 0.0
-    if "mla_up_proj" in m and layer.mla:
+    if "mla_up_proj" in on:
         n_bytes += rope_rw
-    if "mlp" in m and not layer.experts:
+    if "mlp" in on:
         n_bytes += dense_act_rw + NORM_FUSED_BYTES * rep
-    if "moe_act" in m and layer.experts:
+    if "moe_act" in on:
         n_bytes += expert_act_rw
-    if "layernorm" in m:
+    if "layernorm" in on:
         n_bytes += NORM_FUSED_BYTES * rep * _standalone_norms(layer)
-    tp_pairs = 1.0 if "mlp" in m and not layer.experts and ctx.tp > 1 and layer.mlp_linears else 0.0
+    tp_pairs = 1.0 if "mlp" in on and ctx.tp > 1 else 0.0
     return (tuple(shares) if any(shares) else ()), n_bytes, tp_pairs
 
 
@@ -507,18 +523,18 @@ def _selective_discarded(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_lo
       original, discarded) and its statistics (the norm runs without grad; its input, the
       residual stream, stays)."""
     g = FP8_BYTES if ctx.quantised_inputs else ACT_BYTES
-    m = ctx.modules
-    stats = (8 if layer.norm == "layernorm" else 4) * tokens / (ctx.tp if ctx.sp else 1)
+    on = _applied(layer, ctx.modules)
+    stats = _norm_stats_bytes(layer, ctx, tokens)
     main = aux = 0.0
-    if "mla_up_proj" in m and layer.mla:
+    if "mla_up_proj" in on:
         main += ACT_BYTES * tokens * (q_local * layer.d_qk + kv_local * (layer.d_qk + layer.d_v))
-    if "mlp" in m and not layer.experts and layer.mlp_linears:
+    if "mlp" in on:
         per_token_mlp = (2 if layer.ffn_act == "swiglu" else 1) * ACT_BYTES + g
         main += g * _gemm_input(ctx, tokens, layer.hidden, rep) + per_token_mlp * tokens * layer.ffn_width / ctx.tp
         aux += stats
-    if "moe_act" in m and layer.experts:
+    if "moe_act" in on:
         main += g * expert_tokens * layer.expert_linears[1].k / ctx.tp
-    if "layernorm" in m:
+    if "layernorm" in on:
         norms = _standalone_norms(layer)
         main += norms * g * _gemm_input(ctx, tokens, layer.hidden, rep)
         aux += norms * stats
@@ -631,7 +647,7 @@ def _saved(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv
         main += (g * _expert_tp(ctx) + ACT_BYTES) * expert_tokens * layer.hidden / ctx.tp
         main += per_token_mlp * expert_tokens * expert_width / ctx.tp
     main += _eager_saved(layer, ctx, tokens, rep, q_local, kv_local, expert_tokens)
-    stats = (8 if layer.norm == "layernorm" else 4) * 2 * tokens / (ctx.tp if ctx.sp else 1)
+    stats = 2 * _norm_stats_bytes(layer, ctx, tokens)  # the layer's two norms
     lse = _lse_bytes(ctx, tokens, q_local)
     if ctx.recompute == "selective":
         dropped = _selective_discarded(layer, ctx, tokens, rep, q_local, kv_local, expert_tokens)
