@@ -133,8 +133,8 @@ class RuntimeRules:
     recompute_modules: tuple[str, ...] = ()
     """the modules its selective recomputation can be told to recompute (spec/training
     .RECOMPUTE_MODULES; TrainingSetup.recompute_modules): all of them on Megatron-LM
-    (--recompute-modules, 000c4ac arguments.py), none elsewhere (their selective recomputation is
-    one fixed policy)"""
+    (--recompute-modules, 000c4ac arguments.py) and in the ideal space, none elsewhere (their
+    selective recomputation is one fixed policy)"""
     pp_outermost_unless_cp_is_ep: bool = False
     """with pipeline stages, a rank order that does not end in pp runs only where the expert
     data-parallel size dp*cp/ep equals dp, that is cp == ep (megatron-core 0.16.0
