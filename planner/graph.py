@@ -167,6 +167,9 @@ class Work:
     selective_tp: float = 0.0
     """forward tensor-parallel collectives the selective modules run again (a dense MLP's under
     'mlp' with tp > 1), of the tp_collectives"""
+    selective_quant: tuple[float, float] = (0.0, 0.0)
+    """(plain, norm-fed) GEMM-input elements per GPU the selective modules quantise again under fp8
+    (_selective_work), in the terms of quant_elements' first two"""
     tp_expert_message_bytes: float = 0.0
     """payload of the experts' own tensor-parallel collective where they keep tp (not folded) and
     the runtime's dispatcher gathers for them (Ctx.expert_tp_gather): every routed token of the tp
@@ -362,12 +365,15 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
 
     gemms = []
     quant = [0.0, 0.0, 0.0]  # Work.quant_elements
+    inputs = []  # each dense linear's input elements, quantised under fp8
     for l in layer.attn_linears + layer.mlp_linears:
         n = l.n / tp if l.split == "col" else l.n
         k = l.k / tp if l.split == "row" else l.k
         gemms.append((2 * tokens * n * k, intensity(tokens, n, k)))
-        quant[1 if l.norm_fed else 0] += tokens * k / (tp if ctx.sp and l.split == "col" else 1)
+        inputs.append(tokens * k / (tp if ctx.sp and l.split == "col" else 1))
+        quant[1 if l.norm_fed else 0] += inputs[-1]
         quant[2] += tokens * n / (tp if ctx.sp and l.split == "row" else 1)
+    expert_inputs = []
     expert_tokens = 0.0
     etp = _expert_tp(ctx)
     if layer.experts:
@@ -382,7 +388,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
             n = l.n / etp if l.split == "col" else l.n
             k = l.k / etp if l.split == "row" else l.k
             gemms.append((2 * routed * n * k, intensity(per_expert, n, k)))
-            quant[0] += routed * k
+            expert_inputs.append(routed * k)
+            quant[0] += expert_inputs[-1]
             quant[2] += routed * n
         gemms.append((2 * tokens * h * layer.experts, intensity(tokens, layer.experts, h)))
 
@@ -413,7 +420,8 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
     saved = _saved(layer, ctx, tokens, rep, q_local, kv_local, score_elems, expert_tokens)
     dense_act_rw = ((SWIGLU_FUSED_BYTES if layer.ffn_act == "swiglu" else 2 * ACT_BYTES)
                     * tokens * layer.ffn_width / tp)
-    selective = _selective_work(layer, ctx, len(gemms), rep, rope_rw, dense_act_rw, act_rw - dense_act_rw)
+    selective = _selective_work(layer, ctx, len(gemms), rep, rope_rw, dense_act_rw, act_rw - dense_act_rw, inputs,
+                                expert_inputs)
     expanded = tokens * (q_local + kv_local) * (layer.d_qk + layer.d_v) if q_local > kv_local else 0.0
     eager_fwd, eager_bwd, eager_fused = _eager_traffic(layer, ctx, norm_elems, rotated, act_elems, expanded)
     # the per-op policy recomputes its uncounted matmuls whole: the experts' grouped GEMMs and the router's
@@ -445,7 +453,7 @@ def layer_work(layer: Layer, ctx: Ctx) -> Work:
         gemm_weight_params=gemm_weights, op_recomputed=op_recomputed, model_flops=model_flops,
         eager_bytes=(eager_fwd, eager_bwd), eager_fused_bytes=eager_fused, quant_elements=tuple(quant),
         backward_bytes=_mlp_backward(layer, tokens, expert_tokens, tp), selective_recomputed=selective[0],
-        selective_bytes=selective[1], selective_tp=selective[2])
+        selective_bytes=selective[1], selective_tp=selective[2], selective_quant=selective[3])
 
 
 def _standalone_norms(layer: Layer) -> int:
@@ -476,8 +484,9 @@ def _norm_stats_bytes(layer: Layer, ctx: Ctx, tokens: float) -> float:
 
 
 def _selective_work(layer: Layer, ctx: Ctx, n_gemms: int, rep: float, rope_rw: float, dense_act_rw: float,
-                    expert_act_rw: float) -> tuple[tuple[float, ...], float, float]:
-    """(Work.selective_recomputed, selective_bytes, selective_tp): what the selective modules
+                    expert_act_rw: float, inputs: list, expert_inputs: list
+                    ) -> tuple[tuple[float, ...], float, float, tuple[float, float]]:
+    """(Work.selective_recomputed, selective_bytes, selective_tp, selective_quant): what the selective modules
     (Ctx.modules) beyond the attention core run again in backward, forward work per GPU, for
     Megatron-Core at Megatron-LM 000c4ac (transformer_layer.py, multi_latent_attention.py,
     moe/experts.py):
@@ -488,8 +497,13 @@ def _selective_work(layer: Layer, ctx: Ctx, n_gemms: int, rep: float, rope_rw: f
       tp collective pair;
     - moe_act (layers with experts): the experts' activation (CheckpointWithoutOutput);
     - layernorm: each norm that is a module of its own (_standalone_norms).
-    The quantisation of recomputed fp8 GEMM inputs is left out (a few percent of what it
-    recomputes)."""
+    Under fp8 each GEMM input they rebuild is quantised again (`inputs`, `expert_inputs`: each dense
+    and expert linear's input elements, as layer_work counts them for Work.quant_elements): the
+    recomputed linears' inputs (mla_up_proj, mlp), the second expert GEMM's (moe_act: megatron-core
+    has it save its original input and quantise it in backward), and the inputs of the linears that
+    read a standalone norm (layernorm: the attention linears it feeds, neither fused to a norm nor
+    row-parallel, and an MoE layer's shared experts; the router stays in high precision and the
+    experts read dispatched tokens)."""
     on = _applied(layer, ctx.modules)
     shares = [1.0 if "mla_up_proj" in on and l.split == "col" else 0.0 for l in layer.attn_linears]
     shares += [1.0 if "mlp" in on else 0.0 for _ in layer.mlp_linears]
@@ -504,7 +518,20 @@ def _selective_work(layer: Layer, ctx: Ctx, n_gemms: int, rep: float, rope_rw: f
     if "layernorm" in on:
         n_bytes += NORM_FUSED_BYTES * rep * _standalone_norms(layer)
     tp_pairs = 1.0 if "mlp" in on and ctx.tp > 1 else 0.0
-    return (tuple(shares) if any(shares) else ()), n_bytes, tp_pairs
+    attn = layer.attn_linears
+    reads_norm = [False] * len(inputs)  # the linears fed by a standalone norm, whose output layernorm drops
+    if "layernorm" in on:
+        if attn and not attn[0].norm_fed:
+            reads_norm[:len(attn)] = [not l.norm_fed and l.split != "row" for l in attn]
+        if layer.experts and layer.mlp_linears:
+            reads_norm[len(attn)] = True  # the shared experts' first linear
+    plain = fed = 0.0
+    for l, share, read, x in zip(attn + layer.mlp_linears, shares, reads_norm, inputs):
+        if share or read:
+            fed, plain = (fed + x, plain) if l.norm_fed else (fed, plain + x)
+    if "moe_act" in on:
+        plain += expert_inputs[1]
+    return (tuple(shares) if any(shares) else ()), n_bytes, tp_pairs, (plain, fed)
 
 
 def _selective_discarded(layer: Layer, ctx: Ctx, tokens: float, rep: float, q_local: float, kv_local: float,

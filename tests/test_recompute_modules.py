@@ -71,6 +71,22 @@ def test_each_module_keeps_out_what_it_recomputes(fp8):
     assert _saved(PLAIN, 0, ("core_attn", "layernorm"), fp8) == _saved(PLAIN, 0, ("core_attn",), fp8)
 
 
+def test_fp8_runs_quantise_again_the_inputs_the_modules_rebuild():
+    """Work.selective_quant, (plain, norm-fed) input elements, counted from the shapes: MLA's
+    up-projections read the latents (384 and 256 wide, fed by their norms), the dense MLP reads
+    the hidden (fed) and its activation (4096), the experts' second GEMM its top_k copies of every
+    token (512 wide), and the standalone input norm feeds MLA's two down-projections (plain)."""
+    def quant(index, modules):
+        layer = build_layers(MODEL)[index]
+        return layer_work(layer, Ctx(micro_batch=1, seq_len=TOKENS, recompute="selective", modules=modules)).selective_quant
+
+    assert quant(0, ("core_attn",)) == (0.0, 0.0)
+    assert quant(0, ("mla_up_proj",)) == (0.0, TOKENS * (384 + 256))
+    assert quant(0, ("mlp",)) == (TOKENS * FFN, TOKENS * H)
+    assert quant(1, ("moe_act",)) == (TOKENS * TOP_K * EXPERT_FFN, 0.0)
+    assert quant(0, ("layernorm",)) == quant(1, ("layernorm",)) == (2 * TOKENS * H, 0.0)
+
+
 def test_the_attention_core_is_the_default_and_recomputes_nothing_else():
     """() and ('core_attn',) price alike; without core_attn the core's scores are kept (eager),
     and the time each module runs again adds up."""

@@ -233,11 +233,12 @@ def layer_cost(layer: Layer, ctx: Ctx, cluster: Cluster, precision: str, tp_span
                      + quant_fwd + (tp_one / 2 if ctx.sp else tp_one))
     elif ctx.recompute == "selective":
         # the attention core where it is among the modules (Korthikanti et al. 2022), and what the
-        # other modules run again (graph._selective_work)
+        # other modules run again (graph._selective_work), their fp8 inputs quantised again
         recompute = (attn + core_mem + cp_fwd if "core_attn" in ctx.modules else 0.0) + (
             sum(share * t for share, t in zip(w.selective_recomputed, gemms_fwd))
             + compute.memory_time_s(w.selective_bytes, gpu, eff)
-            + (w.selective_tp * tp_one / w.tp_collectives if w.selective_tp else 0.0))
+            + (w.selective_tp * tp_one / w.tp_collectives if w.selective_tp else 0.0)
+            + compute.quant_time_s((*w.selective_quant, 0.0), quant, gpu, eff)[0])
     else:
         recompute = {"none": 0.0, "full": fwd + tp_one + ep_one + cp_fwd}[ctx.recompute]
     ep = 2 * ep_one
@@ -572,10 +573,12 @@ def layer_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, ep: i
 def selective_saves_memory(model: ModelSpec, setup: TrainingSetup, tp: int, cp: int, micro_batch: int,
                            sequence_parallel: bool) -> bool:
     """Whether selective recomputation keeps fewer activations than none in this layer context.
-    Megatron's (the attention core's; the experts' do not change, so ep does not matter) keeps the
-    same with flash attention (the scores it would drop are never stored), so it only adds time
-    there: every strategy with it is matched by the same strategy without. torchtitan's per-op
-    policy keeps less in every context with a layer of linears."""
+    Megatron's of the attention core alone (its default module) keeps the same with flash
+    attention (the scores it would drop are never stored), so it only adds time there: every
+    strategy with it is matched by the same strategy without; with other modules named
+    (TrainingSetup.recompute_modules) it keeps less. torchtitan's per-op policy keeps less in
+    every context with a layer of linears. ep is left at 1: what the experts drop (moe_act)
+    does not vanish at any ep, so whether anything is dropped does not depend on it."""
     base = layer_ctx(model, setup, tp, cp, 1, micro_batch, sequence_parallel)
     mode = priced_mode(setup, "selective")
     return any(layer_work(k, _variant(base, mode, 1)).saved.total
