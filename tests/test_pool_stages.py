@@ -106,6 +106,73 @@ def test_the_bound_is_below_every_order_and_split(seed):
                 assert low <= split_step(terms, s.num_microbatches(setup.global_batch), 1)[0] * (1 + 1e-12)
 
 
+WIDE = ModelSpec(name="wide", layers=6, hidden=16384, heads=128, kv_heads=8, ffn_hidden=53248, vocab=128256,
+                 seq_len=2048)
+"""six layers of Llama 3 405B's width: where a pipeline over 16 GPUs fits depends on its strategy"""
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_layer_memory_floor_is_below_every_stage(seed):
+    """cost/step.layer_memory_floor_bytes: a stage's peak is at least the reserve plus its
+    layers' floors, for random strategies, stage positions, ranges and recompute counts (the
+    memory check of pipelines over pools, pool_stages.may_fit, rests on it)."""
+    import numpy as np
+
+    from planner.cost.memory import RUNTIME_RESERVED_BYTES
+    from planner.cost.step import layer_memory_floor_bytes, stage_memory_bytes
+    rng = random.Random(seed)
+    model = rng.choice([WIDE, load_model("mixtral-8x7b"), load_model("deepseek-v3")])
+    cluster = mix(2, 2)
+    setup = job(model, cluster, 32, 32, "ideal")
+    every = list(candidates(model, cluster, setup, {}, pool_rules(RUNTIME_RULES["ideal"])))
+    for _, s in rng.sample(every, min(10, len(every))):
+        prof = profile(model, rng.choice([H100, A100]), setup, s)
+        floor = layer_memory_floor_bytes(prof)
+        for _ in range(20):
+            a = rng.randrange(model.layers)
+            b = rng.randrange(a + 1, model.layers + 1)
+            i = rng.randrange(s.pp)
+            r = rng.randrange(b - a + 1)
+            held = stage_memory_bytes(prof, i, [(a, b)], r if s.recompute == "full" else 0)
+            assert RUNTIME_RESERVED_BYTES + floor[a:b].sum() <= held * (1 + 1e-12)
+        assert np.all(floor > 0)
+
+
+def test_a_pipeline_the_memory_check_drops_has_no_split_that_fits():
+    """pool_stages.may_fit False proves that no order of the pools and no split fits (brute
+    force over both), and it does drop some of the candidates of a model that fits only some
+    ways; the search's plan is the one it finds without the check, and where nothing fits it
+    prices nothing."""
+    from unittest import mock
+
+    import planner.search.pool_stages as ps
+
+    cluster = mix(1, 1)
+    setup = job(WIDE, cluster, 16, 16, "ideal")
+    clusters = [p.cluster for p in cluster.pools]
+    dropped = 0
+    for used, s in candidates(WIDE, cluster, setup, {}, pool_rules(RUNTIME_RULES["ideal"])):
+        counts = {j: g // (s.tp * s.cp * s.dp) for j, g in enumerate(used) if g}
+        profs = {j: profile(WIDE, clusters[j], setup, s) for j in counts}
+        if ps.may_fit(profs, counts, clusters, setup):
+            continue
+        dropped += 1
+        for order in itertools.permutations(counts):
+            stage_pool = stage_pools(order, tuple(counts[j] for j in order))
+            for cuts in itertools.combinations(range(1, WIDE.layers), s.pp - 1):
+                terms = pool_terms(profs, stage_pool, LINK, list(pairwise((0, *cuts, WIDE.layers))))
+                assert any(terms["memory"][i] > capacity_bytes(clusters[j], setup) for i, j in enumerate(stage_pool))
+    assert dropped
+    checked = best_pool_stages(WIDE, cluster, setup, {}, RUNTIME_RULES["ideal"], top=2)
+    with mock.patch.object(ps, "may_fit", lambda *_: True):
+        unchecked = best_pool_stages(WIDE, cluster, setup, {}, RUNTIME_RULES["ideal"], top=2)
+    assert (checked.best, checked.alternatives) == (unchecked.best, unchecked.alternatives)
+    # a model no pipeline over these pools holds is answered without one split DP (it took minutes)
+    dsv3 = load_model("deepseek-v3")
+    none = best_pool_stages(dsv3, cluster, job(dsv3, cluster, 16, 16, "ideal"), {}, RUNTIME_RULES["ideal"])
+    assert none.best is None and none.considered > 0 and none.priced == 0
+
+
 def test_stages_on_one_pool_are_priced_as_that_pool_alone():
     """cost/pools.estimate_on_pools with every stage on one pool is step.estimate on its cluster:
     nothing crosses between pools, and every term is the pool's own."""

@@ -774,6 +774,25 @@ def stage_memory_bytes(prof: Profile, i, chunks, recompute_layers=0):
     return sum(_memory_parts(prof, i, sums, *_held(prof, i, sums)))
 
 
+def layer_memory_floor_bytes(prof: Profile) -> np.ndarray:
+    """Per layer, bytes it adds at least to the peak of any one-chunk stage that holds it: its
+    weights, gradients and optimizer states (stage_memory's, sharded as the strategy shards
+    them) and one micro-batch of its saved activations in the mode that saves least (full
+    recomputation where the strategy may recompute it fully). A stage's peak (stage_memory) is
+    at least memory.RUNTIME_RESERVED_BYTES plus the sum of these over its layers: its states
+    are linear in its parameters, it holds at least one micro-batch in flight
+    (pipeline.in_flight), and its embedding, head, buffers and rebuild buffer only add."""
+    s, P = prof.strategy, prof.prefix
+    dense, expert = np.diff(P["params"]), np.diff(P["expert"])
+    saved = np.diff(P["saved_b"])
+    if s.recompute == "full":
+        saved = np.minimum(saved, np.diff(P["saved_f"]))
+    shards = state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard)
+    weights, grads, optimizer, acts, _ = stage_memory(prof.zero, dense, expert, *shards, 1.0, saved, 0.0, 0.0, 0.0,
+                                                     prof.setup)
+    return weights + grads + optimizer + acts
+
+
 def _held(prof: Profile, i, sums: dict) -> tuple:
     """stage_ends of stage i holding the layers `sums` sums up (_stage_sums)."""
     return stage_ends(np.equal(i, 0), np.equal(i, prof.strategy.pp - 1), sums["params"], sums["saved"],

@@ -42,7 +42,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost.pools import crossing_s, stage_pools
-from planner.cost.step import profile, time_floor_parts_s
+from planner.cost import memory
+from planner.cost.step import layer_memory_floor_bytes, profile, time_floor_parts_s
 from planner.placement import expert_pool, group_spans, has_expert_layout
 from planner.runtimes import RuntimeRules, ep_overlap_runs_stages, pool_stages_refusal
 from planner.search import space, stages
@@ -162,6 +163,19 @@ def bound_s(floors: list[np.ndarray], counts: list[int], microbatches: int) -> f
     return float(np.min(weight[:, None] * f, axis=0).sum())
 
 
+def may_fit(profs: dict, counts: dict, clusters, setup: TrainingSetup) -> bool:
+    """Whether the pools' stages can hold the layers at all: every stage's peak is at most its
+    pool's capacity and at least the reserve plus its layers' floors
+    (step.layer_memory_floor_bytes), so with F_lj layer l's floor on pool j and k_j the stages
+    on pool j, a split that fits has
+        sum_l min_j F_lj + sum_j k_j reserve <= sum_j k_j capacity_j.
+    False proves that none fits; True decides nothing."""
+    least = np.min(np.stack([layer_memory_floor_bytes(p) for p in profs.values()]), axis=0).sum()
+    room = sum(k * (memory.capacity_bytes(clusters[j], setup) - memory.RUNTIME_RESERVED_BYTES)
+               for j, k in counts.items())
+    return bool(least <= room)
+
+
 def _widths(model: ModelSpec, floors: dict, pp: int, m: int, limit: float) -> dict:
     """The most layers a stage on each pool may hold in a split below `limit`: with n layers its
     time is at least n * (its pool's least layer floor), the bottleneck's m - 1 repeats of it and
@@ -225,8 +239,10 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
         widths = _widths(model, {j: floors_of(j, s) for j in counts}, s.pp, m, limit)
         if min(widths.values()) < 1:
             continue  # some pool can hold no stage below the limit
-        width = max(widths.values())
         profs = {j: profile(model, clusters[j], setup, s) for j in counts}
+        if not may_fit(profs, counts, clusters, setup):
+            continue  # no split of the layers fits the pools' stages
+        width = max(widths.values())
         tables = {j: _tables(profs[j], rules, width, longest=widths[j]) for j in profs}
         for order in itertools.permutations(sorted(profs)):
             n_stages = tuple(counts[j] for j in order)
