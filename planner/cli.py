@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -16,6 +17,18 @@ from planner.spec.training import (DEFAULT_HEADROOM, FP8_RECIPES, GRAD_REDUCES, 
 
 
 _DEGREE = click.IntRange(1, MAX_GPUS)
+
+
+class _Finite(click.FloatRange):
+    """A number within the range: click's FloatRange lets nan through (it compares false with
+    every bound) and inf past an open end, and either would reach a plan file as JSON that no
+    strict reader (ours included) accepts."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def _strategy_options(f):
@@ -80,6 +93,17 @@ def _run_options(f):
     @functools.wraps(f)
     def command(*args, moe_dispatcher, ep_overlap, moe_folding, fp8_recipe, grad_reduce, fp8_param_gather, loss_fusion,
                 moe_imbalance, no_tp_overlap, optimizer_states, recompute_modules, **kwargs):
+        if recompute_modules is not None:
+            from planner.errors import SpecError
+            from planner.spec.training import RECOMPUTE_MODULES, checked_modules
+            if not checked_modules(recompute_modules):
+                raise SpecError(f"--recompute-modules {recompute_modules!r} names no module (one or more of "
+                                f"{', '.join(RECOMPUTE_MODULES)}, comma-separated)")
+            mode = kwargs.get("recompute")
+            if mode in ("none", "full"):
+                what = "nothing" if mode == "none" else "whole layers"
+                raise SpecError(f"--recompute-modules says what selective recomputation recomputes; --recompute "
+                                f"{mode} recomputes {what}")
         return f(*args, options=RunOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding,
                                            fp8_recipe=fp8_recipe or "", grad_reduce=grad_reduce or "",
                                            fp8_param_gather=fp8_param_gather, loss_fusion=loss_fusion or "",
@@ -120,7 +144,7 @@ def _run_options(f):
         click.option("--fp8-param-gather", is_flag=True, default=False,
                      help="fp8 runs: keep the layers' weights in fp8 and all-gather them so, 1 byte a parameter "
                           "(Megatron's --fp8-param-gather, with the distributed optimizer)"),
-        click.option("--moe-imbalance", type=float, default=None, metavar="F",
+        click.option("--moe-imbalance", type=_Finite(), default=None, metavar="F",
                      help="MoE routing: the most loaded expert-parallel rank's token-expert pairs over a "
                           "balanced share (1 to 8); that rank's expert GEMMs, all-to-alls and activations set "
                           "the pace  [default: 1, balanced, as the published benchmark runs force it]"),
@@ -156,7 +180,7 @@ def cli() -> None:
 
 
 def _headroom_option(default: float):
-    return click.option("--memory-headroom", type=click.FloatRange(0.0, 1.0, max_open=True), default=default,
+    return click.option("--memory-headroom", type=_Finite(0.0, 1.0, max_open=True), default=default,
                         show_default=True, help="share of each GPU's memory kept free")
 
 
@@ -287,7 +311,7 @@ def calibrate(runs_file, cluster_name, output):
 @click.option("--solver", type=click.Choice(["exact", "highs", "cbc"]), default="exact", show_default=True,
               help="how the per-stage recompute counts are chosen: exact (by the problem's structure, no "
                    "solver), or the same model as an ILP (HiGHS in process; CBC as a subprocess)")
-@click.option("--time-limit", "time_limit_s", type=float, default=10.0, show_default=True,
+@click.option("--time-limit", "time_limit_s", type=_Finite(0.0, min_open=True), default=10.0, show_default=True,
               help="seconds per ILP solve (highs, cbc)")
 @click.option("--top", type=click.IntRange(0, 50), default=None,
               help="runners-up to keep  [default: 3; 0 per count of a sweep]")
@@ -319,6 +343,9 @@ def plan(model_ref, cluster_ref, gpus, global_batch, seq_len, precision, attenti
                    solver=solver, time_limit_s=time_limit_s, top=top, memory_headroom=memory_headroom,
                    options=options)
     if one_count:
+        if dask:
+            report.err.print("note: --dask distributes the counts of a sweep; one GPU count is searched here",
+                             markup=False, highlight=False)
         with report.progress("searching", delay_s=1.0) as step:
             doc = make_plan(gpus=counts[0], progress=step, **request)
     else:
@@ -512,7 +539,7 @@ def diff_command(old_file, new_file, as_json):
 
 @cli.command("check")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--tolerance", type=click.FloatRange(0), default=0.02, show_default=True,
+@click.option("--tolerance", type=_Finite(0.0), default=0.02, show_default=True,
               help="allowed relative growth of the predicted step time")
 @click.option("--refresh-presets", is_flag=True, help="re-resolve preset names from the installed presets first")
 @click.option("--json", "as_json", is_flag=True, help="print the verdict as JSON on stdout")

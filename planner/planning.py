@@ -365,8 +365,12 @@ def _nothing(model: ModelSpec, cluster: Cluster, constraints: dict, searched: di
     if pruned:
         setup, r = min(pruned, key=lambda x: x[1].memory_floor_bytes)
         return InfeasibleError(infeasible_message(r, cluster, setup))
-    setup, _ = next(iter(searched.values()))
-    return SpecError(space.explain_empty(model, cluster, setup, constraints))
+    # each runtime's own reason, the runtimes that share one named together
+    reasons: dict[str, dict[str, None]] = {}
+    for setup, _ in searched.values():
+        reasons.setdefault(space.explain_empty(model, cluster, setup, constraints), {})[setup.runtime] = None
+    return SpecError("; ".join([f"{', '.join(names)}: {why}" for why, names in reasons.items()]
+                               + [f"{name}: {why}" for name, why in refused.items()]))
 
 
 def _with_runtimes(doc: dict) -> dict:
@@ -865,6 +869,9 @@ def _dask_client(address: str):
         raise SpecError("--dask needs dask.distributed: pip install 'llm-parallel-planner[dask]'") from None
     try:
         return Client(address, timeout=10)
+    except ValueError as e:  # an address distributed cannot parse ('host' without a port)
+        raise SpecError(f"--dask {address}: not a scheduler address ({e}); expected host:port or "
+                        "tcp://host:port") from None
     except (OSError, TimeoutError) as e:
         raise SpecError(f"--dask {address}: no Dask scheduler answers there ({e.__class__.__name__})") from None
 

@@ -28,6 +28,9 @@ def resolve(ref: str, kind: str, what: str) -> Path:
     """A path to an existing file, or the file of a preset name; else a SpecError with close names."""
     path = Path(ref)
     if path.suffix in (".yaml", ".yml", ".json") or "/" in ref or path.is_file():
+        if path.is_dir():
+            raise SpecError(f"{ref}: a folder, not a {what} file (give the file itself, e.g. its config.json "
+                            "or YAML)")
         if not path.is_file():
             raise SpecError(f"{ref}: no such {what} file")
         return path

@@ -307,6 +307,8 @@ def validation_table(doc: dict) -> None:
     if "loso" in doc:
         line += (f"; leave-one-source-out MAPE {doc['loso']['mape'] * 100:.2f} %, bias {_pct(doc['loso']['bias'])} "
                  f"(max {doc['loso']['max_abs_error'] * 100:.1f} %)")
+    elif "loso_skipped" in doc:
+        line += f"; leave-one-source-out: none ({doc['loso_skipped']})"
     err.print(f"[bold]{line}[/bold]")
     for name, e in doc.get("efficiencies", {}).items():
         fitted = ", ".join(f"{n} {e['values'][n]:.4g} in [{e['bounds'][n][0]:g}, {e['bounds'][n][1]:g}]" for n in e["fitted"])

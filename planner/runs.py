@@ -32,6 +32,7 @@ from planner.spec.training import (
     TrainingSetup,
     checked_modules,
     resolve_strategy,
+    strategy_problems,
 )
 from planner.units import GIB
 
@@ -83,10 +84,13 @@ def load_runs(path: Path | None = None) -> list[Run]:
     items = load_document(path)
     if not isinstance(items, list) or not items:
         raise SpecError(f"{path}: expected a non-empty list of runs")
-    runs, clusters = [], {}
+    runs, clusters, seen = [], {}, {}
     for i, item in enumerate(items):
         f = Fields(item, str(path), f"[{i}].")
         run_id = f.str("id")
+        if run_id in seen:
+            raise f.error("id", f"{run_id!r} is also the id of run [{seen[run_id]}]; each run needs its own")
+        seen[run_id] = i
         f.prefix = f"{run_id}."
         model_ref = f.raw("model")
         if isinstance(model_ref, str):
@@ -250,15 +254,19 @@ def price_run(run: Run, efficiency: Efficiency | None = None, strategy: Strategy
     least (peak to 0.1 GiB), the fastest of those, is the one taken."""
     cluster = replace(run.cluster, efficiency=efficiency) if efficiency is not None else run.cluster
     options = [strategy] if strategy is not None else candidates(run)
-    best = None
+    best, refused = None, None
     for s in options:
         try:
             est = estimate(run.model, cluster, run.setup, s)
-        except PlannerError:
+        except PlannerError as e:
+            refused = refused or str(e)
             continue
         key = (not est.fits, 0 if est.fits else round(est.peak_memory_bytes / GIB, 1), est.step_time_s)
         if best is None or key < best[0]:
             best = (key, s, est)
     if best is None:
-        raise SpecError(f"run {run.id}: no legal strategy for its stated knobs {run.strategy}")
+        if refused is None:  # no fill at all: what the stated knobs break
+            refused = "; ".join(strategy_problems(resolve_strategy(run.strategy, run.setup), run.model, run.setup)
+                                or ["no fill of its unknown knobs is legal"])
+        raise SpecError(f"run {run.id}: no legal strategy for its stated knobs {run.strategy}: {refused}")
     return Priced(run=run, strategy=best[1], estimate=best[2])

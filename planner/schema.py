@@ -28,6 +28,8 @@ from planner.runtimes import OLD_NAMES, OLDER_VERSIONS, TARGETS
 from planner.spec.training import FP8_RECIPES, GRAD_REDUCES, LOSS_FUSIONS, OPTIMIZER_STATES, RECOMPUTE_MODULES
 
 _NUM = {"type": "number"}
+_NONNEG = {"type": "number", "minimum": 0}
+"""a time, a size, a rate or a share: a plan that records one below zero was not written by a planner"""
 _INT = {"type": "integer", "minimum": 1}
 _STR = {"type": "string"}
 _BOOL = {"type": "boolean"}
@@ -52,25 +54,25 @@ STRATEGY = _obj({
 _RANGE = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}
 STAGE = _obj({"index": {"type": "integer", "minimum": 0}, "layers": _RANGE,
               "chunks": {"type": "array", "items": _RANGE},
-              "recompute_layers": {"type": "integer", "minimum": 0}, "memory_gib": _NUM,
-              "time_per_microbatch_s": _NUM, "pool": _STR},
+              "recompute_layers": {"type": "integer", "minimum": 0}, "memory_gib": _NONNEG,
+              "time_per_microbatch_s": _NONNEG, "pool": _STR},
              required=["index", "layers", "recompute_layers", "memory_gib", "time_per_microbatch_s"])
 """pool: the mixed cluster's pool the stage sits on, in a pipeline over several pools"""
 
 POOL_BREAKDOWN_KEYS = ("pool_wait", "pools_exchange")
 """a plan of batch shares over several pools (search/shares.py) adds to its strategy pool's
 breakdown: how long that pool waits for the slowest, and the gradient exchange between them"""
-BREAKDOWN = _obj({k: _NUM for k in BREAKDOWN_KEYS + POOL_BREAKDOWN_KEYS}, required=list(BREAKDOWN_KEYS))
-MEMORY = _obj({k: _NUM for k in MEMORY_KEYS})
-_PREDICTION_V1 = {"step_time_s": _NUM, "tokens_per_s": _NUM, "model_tflops_per_gpu": _NUM, "mfu": _NUM,
-                  "peak_memory_gib": _NUM, "fits": _BOOL, "capacity_gib": _NUM, "breakdown_s": BREAKDOWN,
+BREAKDOWN = _obj({k: _NONNEG for k in BREAKDOWN_KEYS + POOL_BREAKDOWN_KEYS}, required=list(BREAKDOWN_KEYS))
+MEMORY = _obj({k: _NONNEG for k in MEMORY_KEYS})
+_PREDICTION_V1 = {"step_time_s": _NONNEG, "tokens_per_s": _NONNEG, "model_tflops_per_gpu": _NONNEG, "mfu": _NONNEG,
+                  "peak_memory_gib": _NONNEG, "fits": _BOOL, "capacity_gib": _NONNEG, "breakdown_s": BREAKDOWN,
                   "memory_gib": MEMORY}
 BAND = _obj({"low_error": _NUM, "high_error": _NUM,
              "step_time_s": {"type": "array", "items": _NUM, "minItems": 2, "maxItems": 2},
              "rows": {"type": "integer", "minimum": 0}, "basis": _STR})
 """10th-90th percentile of signed out-of-sample errors (predicted / measured - 1) and the measured
 step times they allow, with what they were taken from"""
-PREDICTION = _obj({**_PREDICTION_V1, "hfu": _NUM, "band": BAND})
+PREDICTION = _obj({**_PREDICTION_V1, "hfu": _NONNEG, "band": BAND})
 _TRAINING = {"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
              "precision": {"type": "string", "enum": ["bf16", "fp16", "fp8"]},
              "attention": {"type": "string", "enum": ["flash", "eager"]},
@@ -93,7 +95,7 @@ _INPUTS = {"model": {"type": "object"}, "cluster": {"type": "object"}, "training
 INPUTS = _obj({**_INPUTS, "runtimes": {"type": "array", "items": _STR}}, required=list(_INPUTS))
 """runtimes: the union searched where the request named no runtime ('ideal' and 'any' are the
 old default's space)"""
-_ALTERNATIVE = {"strategy": STRATEGY, "step_time_s": _NUM, "peak_memory_gib": _NUM, "why_not": _STR}
+_ALTERNATIVE = {"strategy": STRATEGY, "step_time_s": _NONNEG, "peak_memory_gib": _NONNEG, "why_not": _STR}
 ALTERNATIVE = _obj({**_ALTERNATIVE, "runtime": _STR}, required=list(_ALTERNATIVE))
 _PRECISION = {"type": "string", "enum": ["bf16", "fp16", "fp8"]}
 SHARE = _obj({"global_batch": _INT, "precision": _PRECISION, "step_time_s": _NUM, "busy": _NUM, "peak_memory_gib": _NUM, "capacity_gib": _NUM,

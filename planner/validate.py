@@ -204,7 +204,9 @@ def summary(v: Validation) -> dict:
         "sources": _by_source((p.run.source, p.error) for p in v.priced),
         "efficiencies": _efficiencies(v.priced),
     }
-    if v.loso is not None:
+    if v.loso == ():
+        doc["loso_skipped"] = "no GPU has runs from two or more sources: no source can be held out"
+    elif v.loso is not None:
         loso_errors = [p.error for _, p in v.loso]
         doc["loso"] = {**{k: val for k, val in _stats(loso_errors).items() if k != "runs"},
                        "sources": _by_source((s, p.error) for s, p in v.loso),

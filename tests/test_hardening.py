@@ -251,3 +251,131 @@ def test_a_chain_too_deep_for_the_split_dp_is_answered_in_bounded_memory(tmp_pat
     doc = json.loads(out.stdout)
     assert doc["search"]["proven_optimal"] is False
     assert any("not proven optimal" in note for note in doc["notes"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--time-limit", "nan"], "'nan' is not a finite number"),
+    (["--time-limit", "inf"], "'inf' is not a finite number"),
+    (["--time-limit", "-1"], "--time-limit"),
+    (["--memory-headroom", "nan"], "--memory-headroom"),
+    (["--moe-imbalance", "nan"], "--moe-imbalance"),
+])
+def test_a_number_option_that_is_not_finite_is_refused_before_anything_is_written(tmp_path, args, needle):
+    """click's FloatRange lets nan through (it compares false with both ends): a plan recorded
+    time_limit_s NaN, JSON its own reader refused (cli._Finite)."""
+    out = tmp_path / "plan.json"
+    base = ["plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "16", "-o", str(out)]
+    assert needle in one_error_line(run(*base, *args))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("tolerance", ["nan", "inf"])
+def test_check_refuses_a_tolerance_that_would_pass_any_regression(tmp_path, tolerance):
+    path = tmp_path / "plan.json"
+    path.write_text(run("estimate", "-m", "llama3-8b", *PLAN, "--json").stdout)
+    assert "--tolerance" in one_error_line(run("check", str(path), "--tolerance", tolerance))
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (("prediction", "step_time_s", -1.0), "plan.prediction.step_time_s: expected >= 0"),
+    (("prediction", "mfu", -0.5), "plan.prediction.mfu: expected >= 0"),
+    (("prediction", "peak_memory_gib", -3.0), "plan.prediction.peak_memory_gib: expected >= 0"),
+])
+def test_a_plan_recording_a_negative_time_or_size_is_refused(tmp_path, edit, needle):
+    doc = json.loads(run("estimate", "-m", "llama3-8b", *PLAN, "--json").stdout)
+    doc[edit[0]][edit[1]] = edit[2]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(doc))
+    for command in ("check", "export"):
+        args = [command, str(path)] + (["--to", "megatron"] if command == "export" else [])
+        assert needle in one_error_line(run(*args))
+
+
+def test_a_dask_address_that_is_not_one_is_a_clean_error():
+    line = one_error_line(run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8,16", "--global-batch", "64",
+                              "--dask", "bogus"))
+    assert "--dask bogus: not a scheduler address" in line
+
+
+def test_no_legal_strategy_says_under_which_runtime_and_why():
+    """The default space is the union of the supported runtimes: each says why it has no
+    strategy (Megatron's pipeline layouts, the others' batch rule, torchtitan's models), where
+    the message once named megatron alone and an empty constraint list."""
+    line = one_error_line(run("plan", "-m", "llama2-7b", "-c", "gb200-nvl72", "--gpus", "100", "--global-batch", "7"))
+    assert "constraints ()" not in line
+    assert ("megatron: no legal strategy for 100 GPUs: it runs none of the splits of the GPUs there are: "
+            "tp 1 cp 4 pp 25 dp 1, tp 2 cp 2 pp 25 dp 1, tp 4 cp 1 pp 25 dp 1: it splits 32 layers over 25 stages "
+            "unevenly only on the first and last stage") in line
+    assert "deepspeed, nanotron: no legal strategy: the global batch (7) must be divisible by dp" in line
+    assert "torchtitan: runtime torchtitan builds only the models it ships" in line
+    fixed = one_error_line(run("plan", "-m", "llama2-7b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "8",
+                               "--runtime", "deepspeed", "--cp", "2"))
+    assert fixed == ("error: deepspeed: no legal strategy for 8 GPUs with cp=2: the constraints leave no split of "
+                     "the GPUs (tp x cp x pp x dp) it allows")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--pp", "2", "--schedule", "interleaved-1f1b"], "the interleaved-1f1b schedule needs vpp > 1"),
+    (["--schedule", "interleaved-1f1b"], "the interleaved-1f1b schedule needs vpp > 1"),
+    (["--recompute-modules", ","], "--recompute-modules ',' names no module"),
+    (["--recompute-modules", "mlp", "--recompute", "none"], "--recompute none recomputes nothing"),
+    (["--recompute-modules", "mlp", "--recompute", "full"], "--recompute full recomputes whole layers"),
+])
+def test_knobs_that_contradict_one_another_are_refused(args, needle):
+    assert needle in one_error_line(run("estimate", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8",
+                                        "--global-batch", "32", "--runtime", "megatron", *args))
+
+
+def test_a_runs_file_with_an_id_twice_or_knobs_that_cannot_be_is_refused_with_the_reason(tmp_path):
+    import yaml
+
+    from planner.runs import BUNDLED
+    row = yaml.safe_load(BUNDLED.read_text())[0]
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(yaml.safe_dump([row, row]))
+    assert f"[1].id: '{row['id']}' is also the id of run [0]" in one_error_line(run("validate", "--runs", str(twice)))
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(yaml.safe_dump([{**row, "gpus": row["gpus"] + 1}]))
+    line = one_error_line(run("validate", "--runs", str(odd)))
+    assert f"is not the GPU count {row['gpus'] + 1}" in line
+
+
+def test_validate_on_one_source_says_no_source_can_be_held_out(tmp_path):
+    import yaml
+
+    from planner.runs import BUNDLED
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(yaml.safe_load(BUNDLED.read_text())[:1]))
+    result = run("validate", "--runs", str(path), "--json")
+    doc = json.loads(result.stdout)
+    assert "loso" not in doc and "no source can be held out" in doc["loso_skipped"]
+    assert "leave-one-source-out: none (" in run("validate", "--runs", str(path)).stderr
+
+
+def test_spec_errors_name_their_file(tmp_path):
+    """A rule between fields, a fitted value out of its range, a gated MLP's unknown activation
+    and a folder given as a file: each names the file (or says it is a folder)."""
+    kv = model_file(tmp_path, MODEL.replace("kv_heads: 8", "kv_heads: 64"), "kv.yaml")
+    assert f"{kv}: llama3-8b: heads (32) must be a multiple of kv_heads (64)" in one_error_line(
+        run("estimate", "-m", kv, *PLAN))
+    cluster = (REPO / "hardware" / "clusters" / "dgx-h100.yaml").read_text()
+    assert "framework_fraction:" in cluster
+    bad = tmp_path / "c.yaml"
+    bad.write_text("\n".join("  framework_fraction: 5" if ln.strip().startswith("framework_fraction:") else ln
+                             for ln in cluster.splitlines()) + "\n")
+    assert f"{bad}: efficiency.framework_fraction: expected a number <= 1.0, got 5" in one_error_line(
+        run("estimate", "-m", "llama3-8b", "-c", str(bad), "--gpus", "8", "--global-batch", "16"))
+    config = {"model_type": "llama", "hidden_size": 1024, "num_attention_heads": 8, "num_hidden_layers": 4,
+              "intermediate_size": 4096, "vocab_size": 32000, "hidden_act": "weird"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert "hidden_act: activation 'weird' is not supported in a gated MLP" in one_error_line(
+        run("estimate", "-m", str(path), *PLAN))
+    assert "a folder, not a model file" in one_error_line(run("estimate", "-m", str(tmp_path) + "/", *PLAN))
+
+
+def test_an_infeasible_answer_suggests_zero3_only_where_it_shards_something():
+    """With one data-parallel rank ZeRO-3 shards nothing: the closest candidate's hint leaves it out."""
+    line = one_error_line(run("plan", "-m", "deepseek-v3", "-c", "gb200-nvl72", "--gpus", "12", "--global-batch", "12"),
+                          code=3)
+    assert "best candidate (dp 1 " in line and line.endswith("more GPUs would be needed")

@@ -160,8 +160,7 @@ def bound_counts(model: ModelSpec, cluster: Cluster, setups: list[TrainingSetup]
             alone = tp == pp == cp == 1
             zkey = (pp > 1, alone)
             if zkey not in zero_sets:
-                zero_sets[zkey] = tuple(z for z in rules.zeros(pp, model)
-                                        if fixed.get("zero") in (None, z) and (z or alone or not rules.replicate_alone))
+                zero_sets[zkey] = space.zero_options(model, pp, alone, fixed.get("zero"), rules)
             zeros = zero_sets[zkey]
             etp = setup.expert_tp(tp, model)
             for ep in space.ep_options(model, expert_pool(tp, cp, dp, etp)[0], fixed.get("ep"), rules, setup.precision,

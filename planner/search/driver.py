@@ -111,8 +111,8 @@ def infeasible_message(result: SearchResult, cluster: Cluster, setup: TrainingSe
     if result.closest is None:
         hints.append("GPUs with more memory")  # the floor already allows ZeRO-3 and full recompute
     else:
-        if result.closest.strategy.zero < 3:
-            hints.append("ZeRO-3")
+        if result.closest.strategy.zero < 3 and result.closest.strategy.dp * result.closest.strategy.cp > 1:
+            hints.append("ZeRO-3")  # (over one data-parallel rank it shards nothing)
         if result.closest.strategy.recompute != "full":
             hints.append("full recompute")
     fixes = f"{', '.join(hints[:-1])} or {hints[-1]}" if len(hints) > 1 else hints[0]

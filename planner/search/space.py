@@ -134,6 +134,14 @@ def degree_tuples(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixe
                 yield tp, cp, pp, dp
 
 
+def zero_options(model: ModelSpec, pp: int, alone: bool, fixed: int | None, rules: RuntimeRules) -> tuple[int, ...]:
+    """ZeRO stages the runtime runs with `pp` stages for the model that the constraint leaves;
+    plain replication (ZeRO 0) only for data parallelism alone where the runtime replicates
+    only then (`alone`: tp = pp = cp = 1)."""
+    return tuple(z for z in rules.zeros(pp, model)
+                 if fixed in (None, z) and (z or alone or not rules.replicate_alone))
+
+
 def ep_options(model: ModelSpec, pool: int, fixed: int | None, rules: RuntimeRules,
                precision: str = "bf16", ep_overlap: bool = False) -> list[int]:
     """Expert-parallel degrees: divisors of experts and of the `pool` of ranks ep is carved from
@@ -175,7 +183,9 @@ def ends_layout_exists(layers: int, pp: int) -> bool:
 
 
 def explain_empty(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixed: dict) -> str:
-    """Why no legal strategy exists: the batch, the GPU count, or the constraints."""
+    """Why no legal strategy exists under the setup's runtime (which the caller names): the
+    batch, the GPU count, the runtime's rules for the degree splits that exist (tuple_gap), or
+    the constraints."""
     rules = RUNTIME_RULES[setup.runtime]
     free = list(degree_tuples(model, cluster, setup, {}, rules))
     if not free:
@@ -188,4 +198,37 @@ def explain_empty(model: ModelSpec, cluster: Cluster, setup: TrainingSetup, fixe
         return (f"no legal strategy for {setup.gpus} GPUs: no tp dividing heads ({model.heads}) and "
                 f"pp <= layers ({model.layers}) splits them")
     given = ", ".join(f"{k}={v}" for k, v in sorted(fixed.items()))
-    return f"no legal strategy satisfies the constraints ({given}) for {setup.gpus} GPUs under runtime {setup.runtime}"
+    where = f"no legal strategy for {setup.gpus} GPUs" + (f" with {given}" if given else "")
+    split = list(degree_tuples(model, cluster, setup, fixed, rules))
+    gaps = [(t, tuple_gap(model, setup, fixed, rules, *t)) for t in split]
+    gaps = [(t, gap) for t, gap in gaps if gap]
+    if split and len(gaps) == len(split):
+        by_gap: dict[str, list] = {}
+        for (tp, cp, pp, dp), gap in gaps:
+            by_gap.setdefault(gap, []).append(f"tp {tp} cp {cp} pp {pp} dp {dp}")
+        shown = "; ".join(f"{', '.join(ts[:4])}{f' and {len(ts) - 4} more' if len(ts) > 4 else ''}: {gap}"
+                          for gap, ts in by_gap.items())
+        return f"{where}: it runs none of the splits of the GPUs there are: {shown}"
+    if not split:
+        return f"{where}: the constraints leave no split of the GPUs (tp x cp x pp x dp) it allows"
+    return where
+
+
+def tuple_gap(model: ModelSpec, setup: TrainingSetup, fixed: dict, rules: RuntimeRules,
+              tp: int, cp: int, pp: int, dp: int) -> str | None:
+    """Why the space holds no strategy of these degrees, asking the rules it is enumerated by in
+    turn (search/bounds.bound_counts: the ZeRO stages, the micro-batches, the pipeline splits);
+    None when none of them is the reason."""
+    if not zero_options(model, pp, tp == pp == cp == 1, fixed.get("zero"), rules):
+        return (f"no ZeRO stage it runs here is left (it runs {rules.zeros(pp, model)}"
+                + (" under pipeline stages" if pp > 1 else "") + ")")
+    per_rank = setup.global_batch // dp
+    mbs = allowed(divisors(per_rank), fixed.get("micro_batch"))
+    if not mbs:
+        return f"micro-batch {fixed['micro_batch']} does not divide the {per_rank} sequences of a data-parallel rank"
+    if not any(vpp_options(model, pp, per_rank // mb, fixed.get("vpp"), rules, setup.ep_overlap) for mb in mbs):
+        if rules.uneven_split == "ends" and pp > 2 and not ends_layout_exists(model.layers, pp):
+            return (f"it splits {model.layers} layers over {pp} stages unevenly only on the first and last stage, "
+                    f"with at most {stage_width(model.layers, pp)} layers a stage, and no such split exists")
+        return f"no pipeline schedule it runs splits {model.layers} layers over {pp} stages"
+    return None

@@ -110,7 +110,9 @@ def efficiency_from_fields(f: Fields | None, family: str) -> Efficiency | Legacy
         return LegacyEfficiency(**legacy, source=source)
     if f.int("version", VERSION) != VERSION:
         raise f.error("version", f"expected {VERSION} (or no version with the seven fractions of version 1)")
-    values = {n: f.float(n, getattr(default, n), positive=n == "framework_fraction") for n in Efficiency.PARAMETERS}
+    # the physical ranges read here too, so that a bad value names its file
+    values = {n: f.float(n, getattr(default, n), minimum=Efficiency.BOUNDS[n][0], positive=False,
+                         maximum=Efficiency.BOUNDS[n][1]) for n in Efficiency.PARAMETERS}
     fitted = f.raw("fitted", []) or []
     if not isinstance(fitted, (list, tuple)) or any(n not in Efficiency.PARAMETERS for n in fitted):
         raise f.error("fitted", f"expected a list of {', '.join(Efficiency.PARAMETERS)}")

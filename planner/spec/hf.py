@@ -298,9 +298,15 @@ def _family(config: dict, where: str) -> Family:
 
 
 def _activation(cfg: _Config, family: Family) -> str:
-    """relu or gelu from the activation key (any variant: gelu_new, gelu_fast, ...)."""
+    """relu or gelu from the activation key (any variant: gelu_new, gelu_fast, ...); a gated
+    family's MLP is priced as SwiGLU, whose shapes a GeGLU shares, so its hidden_act must name
+    one of the two."""
     found = cfg.find(family.act)
     if found is None:
+        gated = cfg.find(("hidden_act",)) if not family.act else None
+        if gated is not None and not any(a in str(gated[1]).lower() for a in ("silu", "swish", "gelu")):
+            raise cfg.error(f"hidden_act: activation {gated[1]!r} is not supported in a gated MLP (expected silu "
+                            "or a gelu variant)")
         return family.ffn_act
     key, value = found
     for act in ("relu", "gelu"):

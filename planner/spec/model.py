@@ -178,8 +178,8 @@ class ModelSpec:
         moe = f.sub("moe")
         if moe is not None:
             experts_ffn = moe.int("expert_ffn_hidden")
-            spec["moe"] = MoeSpec(
-                experts=moe.int("experts"), top_k=moe.int("top_k"), expert_ffn_hidden=experts_ffn,
+            spec["moe"] = _checked(
+                where, MoeSpec, experts=moe.int("experts"), top_k=moe.int("top_k"), expert_ffn_hidden=experts_ffn,
                 shared_experts=moe.int("shared_experts", 0, minimum=0),
                 shared_ffn_hidden=moe.int("shared_ffn_hidden", experts_ffn),
                 dense_layers=moe.int("dense_layers", 0, minimum=0),
@@ -188,13 +188,22 @@ class ModelSpec:
             moe.reject_unknown()
         mla = f.sub("mla")
         if mla is not None:
-            spec["mla"] = MlaSpec(
-                kv_lora_rank=mla.int("kv_lora_rank"), qk_nope_head_dim=mla.int("qk_nope_head_dim"),
+            spec["mla"] = _checked(
+                where, MlaSpec, kv_lora_rank=mla.int("kv_lora_rank"), qk_nope_head_dim=mla.int("qk_nope_head_dim"),
                 qk_rope_head_dim=mla.int("qk_rope_head_dim"), v_head_dim=mla.int("v_head_dim"),
                 q_lora_rank=mla.int("q_lora_rank", 0, minimum=0))
             mla.reject_unknown()
         f.reject_unknown()
-        return cls(**spec)
+        return _checked(where, cls, **spec)
+
+
+def _checked(where: str, build, **fields):
+    """build(**fields), naming the file (`where`) in the error of a rule between fields that the
+    spec's own checks find (heads and kv_heads, top_k and experts, ...)."""
+    try:
+        return build(**fields)
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
 
 
 def _dropout(f: Fields) -> float:

@@ -384,6 +384,8 @@ def strategy_problems(s: Strategy, model, setup: TrainingSetup) -> list[str]:
         problems.append(f"vpp ({s.vpp}) > 1 needs the interleaved-1f1b schedule")
     if s.vpp > 1 and s.pp == 1:
         problems.append(f"vpp ({s.vpp}) > 1 needs pp > 1")
+    if s.schedule == "interleaved-1f1b" and s.vpp == 1:
+        problems.append("the interleaved-1f1b schedule needs vpp > 1 (with one chunk a stage it is 1f1b)")
     m = s.num_microbatches(setup.global_batch)
     if s.schedule == "interleaved-1f1b" and s.pp > 1 and m % s.pp:
         problems.append(f"interleaved-1f1b needs num_microbatches ({m}) to be a multiple of pp ({s.pp})")
