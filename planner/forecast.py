@@ -33,6 +33,7 @@ from scipy.special import lambertw
 
 from planner.cost.memory import MASTER_BYTES, MOMENT_BYTES, WEIGHT_BYTES
 from planner.errors import InfeasibleError, SpecError
+from planner.limits import MAX_TOKENS
 from planner.spec.pools import MixedCluster
 from planner.spec.training import RunOptions
 
@@ -100,6 +101,10 @@ class RunInputs:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise SpecError(f"{name.replace('_', '-')} must be a positive number, got {value!r}")
+        for name in ("tokens", "steps"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_TOKENS:
+                raise SpecError(f"--{name} {value:g}: at most {MAX_TOKENS:g} (limits.MAX_TOKENS)")
         for name in ("price_per_gpu_hour", "failure_rate_per_gpu_hour", "restart_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value >= 0):

@@ -13,6 +13,8 @@ MAX_SEQ_LEN = 1_048_576
 """tokens of one sequence"""
 MAX_GLOBAL_BATCH = 16_777_216
 """sequences of one step (16M: beyond any published run, whose batches are a few thousand)"""
+MAX_TOKENS = 1e16
+"""tokens (or steps) of one forecast run: 10,000 trillion, over 300 times Llama 3's 15.6T"""
 MAX_SWEEP_COUNTS = 1_100
 """GPU counts of one sweep"""
 MAX_INT = 2**53

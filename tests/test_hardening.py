@@ -379,3 +379,10 @@ def test_an_infeasible_answer_suggests_zero3_only_where_it_shards_something():
     line = one_error_line(run("plan", "-m", "deepseek-v3", "-c", "gb200-nvl72", "--gpus", "12", "--global-batch", "12"),
                           code=3)
     assert "best candidate (dp 1 " in line and line.endswith("more GPUs would be needed")
+
+
+def test_a_forecast_of_more_tokens_than_the_limit_is_refused():
+    """--tokens 1e300 printed a 300-digit step count and 1.6e290 days."""
+    line = one_error_line(run("forecast", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "64", "--global-batch", "256",
+                              "--tokens", "1e300"))
+    assert "--tokens 1e+300: at most 1e+16 (limits.MAX_TOKENS)" in line
