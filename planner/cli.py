@@ -95,15 +95,10 @@ def _run_options(f):
                 moe_imbalance, no_tp_overlap, optimizer_states, recompute_modules, **kwargs):
         if recompute_modules is not None:
             from planner.errors import SpecError
-            from planner.spec.training import RECOMPUTE_MODULES, checked_modules
+            from planner.spec.training import checked_modules
             if not checked_modules(recompute_modules):
                 raise SpecError(f"--recompute-modules {recompute_modules!r} names no module (one or more of "
                                 f"{', '.join(RECOMPUTE_MODULES)}, comma-separated)")
-            mode = kwargs.get("recompute")
-            if mode in ("none", "full"):
-                what = "nothing" if mode == "none" else "whole layers"
-                raise SpecError(f"--recompute-modules says what selective recomputation recomputes; --recompute "
-                                f"{mode} recomputes {what}")
         return f(*args, options=RunOptions(dispatcher=moe_dispatcher or "", ep_overlap=ep_overlap, folding=moe_folding,
                                            fp8_recipe=fp8_recipe or "", grad_reduce=grad_reduce or "",
                                            fp8_param_gather=fp8_param_gather, loss_fusion=loss_fusion or "",

@@ -140,6 +140,16 @@ def moe_variants(model: ModelSpec, runtime: str, options: RunOptions) -> list[Ru
     return [unfolded, replace(options, folding=True)]
 
 
+def _modules_apply(options: RunOptions, recompute: str | None) -> None:
+    """--recompute-modules says what selective recomputation recomputes: a request whose
+    strategy recomputes otherwise (`recompute`: the mode it fixes, None where the search
+    chooses) would record modules that nothing reads."""
+    if options.recompute_modules and recompute in ("none", "full"):
+        what = "nothing" if recompute == "none" else "whole layers"
+        raise SpecError(f"--recompute-modules says what selective recomputation recomputes; recompute {recompute} "
+                        f"recomputes {what} (--recompute selective runs them)")
+
+
 def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, seq_len: int | None,
                   precision: str, attention: str, runtime: str, constraints: dict, memory_headroom: float = 0.0,
                   options: RunOptions = RunOptions()) -> dict:
@@ -151,6 +161,7 @@ def estimate_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: i
     if isinstance(cluster, MixedCluster):
         raise SpecError(f"cluster {cluster.name} is mixed ({cluster.describe()}): estimate prices one strategy on one "
                         "kind of GPU; name one pool's cluster (plan searches the pools)")
+    _modules_apply(options, constraints.get("recompute") or ("full" if "recompute_layers" in constraints else "none"))
     union = runtime == SUPPORTED
     priced, refused = [], []
     for name in _space_names(model, runtime):
@@ -219,6 +230,7 @@ def make_plan(model: ModelSpec, cluster: Cluster, gpus: int, global_batch: int, 
                              attention=attention, runtime=runtime, constraints=constraints, solver=solver,
                              time_limit_s=time_limit_s, top=top, progress=progress, memory_headroom=memory_headroom,
                              options=options, per_runtime=per_runtime)
+    _modules_apply(options, constraints.get("recompute") or ("full" if "recompute_layers" in constraints else None))
     union, built = runtime == SUPPORTED, builds(model)
     names = _space_names(model, runtime)
     searched, refused = {}, {}
@@ -333,7 +345,7 @@ def _per_runtime(model: ModelSpec, cluster: Cluster, searched: dict, refused: di
         own = most_conventional(model, cluster, mine, constraints, solver, time_limit_s, memo)
         if own is None:
             setup, r = mine[0]
-            out.append({"runtime": name, "why_not": infeasible_message(r, cluster, setup) if r.closest or r.pruned_memory
+            out.append({"runtime": name, "why_not": infeasible_message(r, model, cluster, setup) if r.closest or r.pruned_memory
                         else "no legal strategy satisfies the request under this runtime"})
             continue
         setup = mine[own[0]][0]
@@ -360,11 +372,11 @@ def _nothing(model: ModelSpec, cluster: Cluster, constraints: dict, searched: di
     near = [(r.closest.peak_memory_bytes, i, setup, r) for i, (setup, r) in enumerate(searched.values()) if r.closest]
     if near:
         _, _, setup, r = min(near, key=lambda x: x[:2])
-        return InfeasibleError(infeasible_message(r, cluster, setup))
+        return InfeasibleError(infeasible_message(r, model, cluster, setup))
     pruned = [(setup, r) for setup, r in searched.values() if r.pruned_memory]
     if pruned:
         setup, r = min(pruned, key=lambda x: x[1].memory_floor_bytes)
-        return InfeasibleError(infeasible_message(r, cluster, setup))
+        return InfeasibleError(infeasible_message(r, model, cluster, setup))
     # each runtime's own reason, the runtimes that share one named together
     reasons: dict[str, dict[str, None]] = {}
     for setup, _ in searched.values():
@@ -571,7 +583,8 @@ def _pool_stages(model: ModelSpec, cluster: MixedCluster, gpus: int, request: di
                           min(c.step_time_s for c in pool) * (1 + TIE_TOLERANCE))
     merged = PoolStagesResult(best=best, considered=sum(r.considered for r in results),
                               priced=sum(r.priced for r in results),
-                              proven_optimal=all(r.proven_optimal for r in results), alternatives=others)
+                              proven_optimal=all(r.proven_optimal for r in results), alternatives=others,
+                              pruned_memory=sum(r.pruned_memory for r in results))
     return (best.setup, merged), searched
 
 
@@ -706,6 +719,7 @@ def _stages_plan(model: ModelSpec, cluster: MixedCluster, request: dict, setup: 
         + (". Ranks are laid out pp outermost: launch the nodes of the first pool's stages first"
            if setup.runtime != "ideal" else ". Planned in the ideal space")))
     doc["search"] = _over_pools_search(alone, {"pool_stage_candidates": result.considered,
+                                               "pool_stage_pruned_memory": result.pruned_memory,
                                                "pool_stage_programmes": result.priced}, result.proven_optimal)
     return _with_runtimes(rounded(doc))
 

@@ -181,7 +181,9 @@ def plan_table(plan: dict) -> None:
                   + (f"batch shares: {s['share_splits']:,} splits, {s['share_bounds']:,} bounded, "
                      f"{s['share_searches']:,} searched; " if "share_splits" in s else "")
                   + (f"pipelines over pools: {s['pool_stage_candidates']:,} bounded, "
-                     f"{s['pool_stage_programmes']:,} split DPs; " if "pool_stage_candidates" in s else "")
+                     + (f"{s['pool_stage_pruned_memory']:,} proven not to fit, " if "pool_stage_pruned_memory" in s
+                        else "")
+                     + f"{s['pool_stage_programmes']:,} split DPs; " if "pool_stage_candidates" in s else "")
                   + ("proven optimal in this space" if s["proven_optimal"] else "[yellow]not proven optimal[/yellow]"))
 
 

@@ -376,13 +376,9 @@ class RuntimeRules:
         from the same fields; `fold`: tp over the experts' tp (order_runs). The precision, the
         dispatcher, folding and the model itself are refused with the setup (precision_refusal,
         dispatcher_refusal, folding_refusal, model_refusal)."""
-        zeros = self.zeros(s.pp, model)
-        if s.zero not in zeros:
-            dense = s.zero in self.zeros(s.pp, None)  # it would run it without the experts
-            where = " with experts" if dense else " under pipeline stages" if s.pp > 1 else ""
-            return f"ZeRO {s.zero}{where} (it runs {zeros})"
-        if self.replicate_alone and s.zero == 0 and not s.tp == s.pp == s.cp == 1:
-            return "plain replication (ZeRO 0) beside other parallelism"
+        zero = self.zero_refusal(s.zero, s.pp, model, s.tp == s.pp == s.cp == 1)
+        if zero:
+            return zero
         if s.dp_shard and s.zero not in self.hybrid_zero:
             return (f"hybrid sharding (dp_shard {s.dp_shard}) with ZeRO {s.zero}"
                     + (f" (it shards in groups with ZeRO {self.hybrid_zero})" if self.hybrid_zero else ""))
@@ -413,6 +409,18 @@ class RuntimeRules:
         over the experts' tp, the share of tp the expert groups fold in: edp = dp*cp*fold/ep is dp
         exactly when ep = cp*fold)."""
         return not self.pp_outermost_unless_cp_is_ep or pp == 1 or order.endswith("pp") or cp * fold == ep
+
+    def zero_refusal(self, zero: int, pp: int, model, alone: bool) -> str | None:
+        """What it cannot run of ZeRO stage `zero` with `pp` stages for `model` (refusal's ZeRO
+        rules; `alone`: tp = pp = cp = 1, where a runtime that replicates only then may), or None."""
+        zeros = self.zeros(pp, model)
+        if zero not in zeros:
+            dense = zero in self.zeros(pp, None)  # it would run it without the experts
+            where = " with experts" if dense else " under pipeline stages" if pp > 1 else ""
+            return f"ZeRO {zero}{where} (it runs {zeros})"
+        if self.replicate_alone and zero == 0 and not alone:
+            return "plain replication (ZeRO 0) beside other parallelism"
+        return None
 
     def zeros(self, pp: int, model) -> tuple[int, ...]:
         """The ZeRO stages it runs with `pp` stages for `model` (None: a model without experts)."""

@@ -1,6 +1,6 @@
 """The JSON Schemas of planner.plan/v2 (written) and planner.plan/v1 (still read), and a small
 validator for the subset they use (type, required, properties, additionalProperties, items, enum,
-minimum) so reading a plan names the exact key that is missing or wrong, without a jsonschema
+minimum, exclusiveMaximum) so reading a plan names the exact key that is missing or wrong, without a jsonschema
 dependency.
 
 v2 over v1: prediction.hfu and prediction.band (how sure the step time is: the spread of
@@ -68,7 +68,7 @@ _PREDICTION_V1 = {"step_time_s": _NONNEG, "tokens_per_s": _NONNEG, "model_tflops
                   "peak_memory_gib": _NONNEG, "fits": _BOOL, "capacity_gib": _NONNEG, "breakdown_s": BREAKDOWN,
                   "memory_gib": MEMORY}
 BAND = _obj({"low_error": _NUM, "high_error": _NUM,
-             "step_time_s": {"type": "array", "items": _NUM, "minItems": 2, "maxItems": 2},
+             "step_time_s": {"type": "array", "items": _NONNEG, "minItems": 2, "maxItems": 2},
              "rows": {"type": "integer", "minimum": 0}, "basis": _STR})
 """10th-90th percentile of signed out-of-sample errors (predicted / measured - 1) and the measured
 step times they allow, with what they were taken from"""
@@ -77,7 +77,7 @@ _TRAINING = {"gpus": _INT, "global_batch": _INT, "seq_len": _INT,
              "precision": {"type": "string", "enum": ["bf16", "fp16", "fp8"]},
              "attention": {"type": "string", "enum": ["flash", "eager"]},
              "runtime": {"type": "string", "enum": ["ideal", *OLD_NAMES, *TARGETS, *OLDER_VERSIONS]}}
-TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
+TRAINING = _obj({**_TRAINING, "memory_headroom": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
                  "moe_dispatcher": {"type": "string", "enum": ["alltoall", "dedup"]}, "ep_overlap": _BOOL,
                  "moe_folding": _BOOL, "fp8_recipe": {"type": "string", "enum": list(FP8_RECIPES)},
                  "grad_reduce": {"type": "string", "enum": list(GRAD_REDUCES)}, "fp8_param_gather": _BOOL,
@@ -89,7 +89,7 @@ TRAINING = _obj({**_TRAINING, "memory_headroom": _NUM,
 """moe_dispatcher, fp8_recipe, grad_reduce, loss_fusion, optimizer_states and recompute_modules only where the
 request named one (else the runtime's own); ep_overlap, moe_folding, fp8_param_gather and no_tp_overlap only where they are on
 (moe_folding false: the request kept the experts unfolded); moe_imbalance only where it is not 1"""
-_SOLVER = _obj({"name": _STR, "time_limit_s": _NUM})
+_SOLVER = _obj({"name": _STR, "time_limit_s": _NONNEG})
 _INPUTS = {"model": {"type": "object"}, "cluster": {"type": "object"}, "training": TRAINING,
            "constraints": {"type": "object"}, "solver": _SOLVER, "sha256": _STR}
 INPUTS = _obj({**_INPUTS, "runtimes": {"type": "array", "items": _STR}}, required=list(_INPUTS))
@@ -98,22 +98,23 @@ old default's space)"""
 _ALTERNATIVE = {"strategy": STRATEGY, "step_time_s": _NONNEG, "peak_memory_gib": _NONNEG, "why_not": _STR}
 ALTERNATIVE = _obj({**_ALTERNATIVE, "runtime": _STR}, required=list(_ALTERNATIVE))
 _PRECISION = {"type": "string", "enum": ["bf16", "fp16", "fp8"]}
-SHARE = _obj({"global_batch": _INT, "precision": _PRECISION, "step_time_s": _NUM, "busy": _NUM, "peak_memory_gib": _NUM, "capacity_gib": _NUM,
+SHARE = _obj({"global_batch": _INT, "precision": _PRECISION, "step_time_s": _NONNEG, "busy": _NONNEG,
+              "peak_memory_gib": _NONNEG, "capacity_gib": _NONNEG,
               "strategy": STRATEGY})
 """a pool's part of a plan of batch shares over several pools: its sequences of the global
 batch, the precision it trains in, the step its own strategy takes on them, the share of the plan's step that is (busy), its
 peak memory and capacity"""
 POOL = _obj({"name": _STR, "cluster": _STR, "gpu": _STR, "gpus": _INT, "used_gpus": {"type": "integer", "minimum": 0},
-             "precision": _PRECISION, "step_time_s": _NUM, "why_not": _STR, "share": SHARE,
+             "precision": _PRECISION, "step_time_s": _NONNEG, "why_not": _STR, "share": SHARE,
              "stages": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2},
-             "mfu": _NUM},
+             "mfu": _NONNEG},
             required=["name", "cluster", "gpu", "gpus", "used_gpus"])
 """one pool of a mixed cluster: its GPUs, how many the plan uses, the best step time it
 reaches alone (or why it has no plan), its precision where its GPU lacks the one requested
 (spec/pools.pool_precision), and its share where the plan spans several pools with batch
 shares, or its first and last stage and its MFU (its stages' model FLOPs over its GPUs' own
 peak) where one pipeline spans them"""
-PER_RUNTIME = _obj({"runtime": _STR, "step_time_s": _NUM, "strategy": STRATEGY, "why_not": _STR},
+PER_RUNTIME = _obj({"runtime": _STR, "step_time_s": _NONNEG, "strategy": STRATEGY, "why_not": _STR},
                    required=["runtime"])
 """one runtime's best plan in a search over several (a strategy summary and its step time), or
 why it has none"""
@@ -173,6 +174,8 @@ def check(value, schema: dict, where: str = "plan") -> None:
         raise PlanFormatError(f"{where}: expected one of {schema['enum']}, got {value!r}")
     if "minimum" in schema and value < schema["minimum"]:
         raise PlanFormatError(f"{where}: expected >= {schema['minimum']}, got {value!r}")
+    if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+        raise PlanFormatError(f"{where}: expected < {schema['exclusiveMaximum']}, got {value!r}")
     if kind == "object":
         for key in schema.get("required", []):
             if key not in value:

@@ -1015,3 +1015,59 @@ def test_gradient_accumulation_outside_the_gemms_adds_its_bytes_to_every_micro_b
     assert (with_pass.step_time_s > without.step_time_s) == (per_param > 0)
     # the twins' memory differs only by the 16-bit gradients the newer one keeps (kept_grad_bytes)
     assert replace(with_pass.memory, grads=0.0) == replace(without.memory, grads=0.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_stage_holds_at_least_its_layers_memory_floors(seed):
+    """cost/step.layer_memory_floor_bytes under every runtime's rules: for random legal strategies
+    (ZeRO 0-3, every recompute mode with counts and modules, interleaved chunks, hybrid sharding,
+    fp8 with its options, experts), every stage's peak is at least the reserve plus its layers'
+    floors (the memory check of pipelines over pools rests on it)."""
+    import random
+
+    from planner.cost.memory import RUNTIME_RESERVED_BYTES
+    from planner.cost.step import layer_memory_floor_bytes, profile, stage_memory_bytes
+    from planner.runtimes import RUNTIME_RULES, model_refusal
+    from planner.errors import SpecError
+    from planner.spec.training import strategy_problems
+
+    rng = random.Random(seed)
+    cluster = load_cluster(rng.choice(["dgx-h100", "dgx-b200"]))
+    checked = 0
+    while checked < 25:
+        model = load_model(rng.choice(["llama3-8b", "llama3-70b", "mixtral-8x7b", "deepseek-v3"]))
+        runtime = rng.choice([n for n in RUNTIME_RULES if not model_refusal(n, model)])
+        rules = RUNTIME_RULES[runtime]
+        precision = rng.choice(rules.precisions)
+        modules = tuple(m for m in rules.recompute_modules if rng.random() < 0.4
+                        and (m != "mla_up_proj" or model.mla) and (m != "moe_act" or model.moe))
+        try:
+            setup = TrainingSetup(gpus=64, global_batch=128, seq_len=4096, precision=precision, runtime=runtime,
+                                  recompute_modules=modules,
+                                  fp8_param_gather=precision == "fp8" and runtime == "megatron" and rng.random() < 0.5,
+                                  grad_reduce=rng.choice(["", "bf16"]) if precision != "fp16" else "")
+        except SpecError:  # an option this runtime or precision does not take
+            continue
+        tp, pp = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 4])
+        cp = rng.choice([1, 2])
+        dp = 64 // (tp * pp * cp)
+        vpp = rng.choice([1, 2]) if pp > 1 else 1
+        ep = rng.choice([e for e in (1, 2, 4, 8) if model.moe and (dp * cp) % e == 0] or [1])
+        zero = rng.choice(rules.zeros(pp, model) or (0,))
+        mode = rng.choice(rules.recompute_modes)
+        s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp, micro_batch=rng.choice([1, 2]), zero=zero,
+                     recompute=mode, sequence_parallel=tp > 1, schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+                     dp_shard=rng.choice([0, 2]) if zero and not model.moe and rules.hybrid_zero else 0)
+        if strategy_problems(s, model, setup) or rules.refusal(s, model):
+            continue
+        prof = profile(model, cluster, setup, s)
+        floor = layer_memory_floor_bytes(prof)
+        chunks, sizes = pipeline.chunk_arrays(pipeline.split_layers(model.layers, pp, vpp), pp)
+        for i in range(pp):
+            layers = sum(b[i] - a[i] for a, b in chunks)
+            held = [(int(a[i]), int(b[i])) for a, b in chunks]
+            for r in sorted({0, layers // 2, layers}) if mode == "full" else (0,):
+                peak = float(np.max(stage_memory_bytes(prof, i, [(a, b) for a, b in held], r)))
+                least = RUNTIME_RESERVED_BYTES + sum(floor[a:b].sum() for a, b in held)
+                assert least <= peak * (1 + 1e-12), (runtime, s, i, r)
+        checked += 1

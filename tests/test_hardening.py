@@ -318,12 +318,33 @@ def test_no_legal_strategy_says_under_which_runtime_and_why():
     (["--pp", "2", "--schedule", "interleaved-1f1b"], "the interleaved-1f1b schedule needs vpp > 1"),
     (["--schedule", "interleaved-1f1b"], "the interleaved-1f1b schedule needs vpp > 1"),
     (["--recompute-modules", ","], "--recompute-modules ',' names no module"),
-    (["--recompute-modules", "mlp", "--recompute", "none"], "--recompute none recomputes nothing"),
-    (["--recompute-modules", "mlp", "--recompute", "full"], "--recompute full recomputes whole layers"),
+    (["--recompute-modules", "mlp", "--recompute", "none"], "recompute none recomputes nothing"),
+    (["--recompute-modules", "mlp"], "recompute none recomputes nothing (--recompute selective runs them)"),
+    (["--recompute-modules", "mlp", "--recompute", "full"], "recompute full recomputes whole layers"),
+    (["--tp", "2", "--zero", "0", "--runtime", "torchtitan"],
+     "torchtitan: no legal strategy for 8 GPUs with tp=2, zero=0: it runs none of the splits of the GPUs there are: "
+     "tp 2 cp 1 pp 1 dp 4, tp 2 cp 1 pp 2 dp 2, tp 2 cp 1 pp 4 dp 1, tp 2 cp 2 pp 1 dp 2 and 2 more: plain "
+     "replication (ZeRO 0) beside other parallelism"),
+    (["--tp", "1", "--pp", "4", "--vpp", "2", "--global-batch", "6"],
+     "interleaving needs the micro-batches (3) to be a multiple of pp (4)"),
+    (["--micro-batch", "3"], "micro-batch 3 does not divide the"),
 ])
 def test_knobs_that_contradict_one_another_are_refused(args, needle):
-    assert needle in one_error_line(run("estimate", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8",
-                                        "--global-batch", "32", "--runtime", "megatron", *args))
+    """Each says why: a contradiction between knobs, or the rule of the runtime's space
+    (space.tuple_gap: its ZeRO stages, its interleaving, the micro-batches) that refuses them."""
+    base = ["-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "32", "--runtime", "megatron"]
+    command = "estimate" if "--recompute-modules" in args or "--schedule" in args else "plan"
+    if "--global-batch" in args:
+        base = base[:6] + base[8:]
+    if "--runtime" in args:
+        base = base[:-2]
+    assert needle in one_error_line(run(command, *base, *args))
+
+
+def test_a_plan_asked_for_modules_and_a_mode_that_reads_none_of_them_is_refused():
+    line = one_error_line(run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "32",
+                              "--recompute-modules", "mlp", "--recompute-layers", "2"))
+    assert "recompute full recomputes whole layers" in line
 
 
 def test_a_runs_file_with_an_id_twice_or_knobs_that_cannot_be_is_refused_with_the_reason(tmp_path):
@@ -363,7 +384,7 @@ def test_spec_errors_name_their_file(tmp_path):
     bad = tmp_path / "c.yaml"
     bad.write_text("\n".join("  framework_fraction: 5" if ln.strip().startswith("framework_fraction:") else ln
                              for ln in cluster.splitlines()) + "\n")
-    assert f"{bad}: efficiency.framework_fraction: expected a number <= 1.0, got 5" in one_error_line(
+    assert f"{bad}: efficiency.framework_fraction: expected a value in [0.5, 1.0], got 5.0" in one_error_line(
         run("estimate", "-m", "llama3-8b", "-c", str(bad), "--gpus", "8", "--global-batch", "16"))
     config = {"model_type": "llama", "hidden_size": 1024, "num_attention_heads": 8, "num_hidden_layers": 4,
               "intermediate_size": 4096, "vocab_size": 32000, "hidden_act": "weird"}
@@ -381,8 +402,15 @@ def test_an_infeasible_answer_suggests_zero3_only_where_it_shards_something():
     assert "best candidate (dp 1 " in line and line.endswith("more GPUs would be needed")
 
 
-def test_a_forecast_of_more_tokens_than_the_limit_is_refused():
+@pytest.mark.parametrize("what, value", [("tokens", "1e300"), ("steps", str(10**300))])
+def test_a_forecast_of_more_tokens_than_the_limit_is_refused(what, value):
     """--tokens 1e300 printed a 300-digit step count and 1.6e290 days."""
     line = one_error_line(run("forecast", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "64", "--global-batch", "256",
-                              "--tokens", "1e300"))
-    assert "--tokens 1e+300: at most 1e+16 (limits.MAX_TOKENS)" in line
+                              f"--{what}", value))
+    assert f"--{what} 1e+300: at most 1e+16 (limits.MAX_TOKENS)" in line
+
+
+def test_dask_with_one_gpu_count_says_it_is_for_sweeps():
+    result = run("plan", "-m", "llama3-8b", "-c", "dgx-h100", "--gpus", "8", "--global-batch", "16", "--dask", "x:1")
+    assert result.returncode == 0, result.stderr
+    assert "note: --dask distributes the counts of a sweep; one GPU count is searched here" in result.stderr

@@ -14,7 +14,7 @@ from planner.cost.step import estimate, executed_flops_per_step
 from planner.errors import SpecError
 from planner.export import ExportError, export
 from planner.graph import Ctx, build_layers, layer_work
-from planner.planning import estimate_plan
+from planner.planning import estimate_plan, make_plan
 from planner.runs import load_runs
 from planner.spec.hardware import load_cluster
 from planner.spec.model import MlaSpec, ModelSpec, MoeSpec, load_model
@@ -155,7 +155,8 @@ def test_which_runtimes_take_modules_and_which_models_they_fit():
     for modules, what in ((("mla_up_proj",), "no multi-latent attention"), (("moe_act",), "has no experts")):
         with pytest.raises(SpecError, match=what):
             estimate_plan(llama, CLUSTER, gpus=8, global_batch=8, seq_len=2048, precision="bf16", attention="flash",
-                          runtime="megatron", constraints={"dp": 8}, options=RunOptions(recompute_modules=modules))
+                          runtime="megatron", constraints={"dp": 8, "recompute": "selective"},
+                          options=RunOptions(recompute_modules=modules))
 
 
 def test_a_run_file_names_its_modules_or_says_which_field_is_wrong(tmp_path):
@@ -187,8 +188,16 @@ def test_the_megatron_export_names_the_modules_and_other_runtimes_refuse_them(tm
     lines = export(planned("selective", recompute_modules=("mlp", "layernorm")), "megatron").splitlines()
     assert "--recompute-granularity selective" in lines and "--recompute-modules mlp layernorm" in lines
     assert not any(line.startswith("--recompute-modules") for line in export(planned("selective"), "megatron").splitlines())
-    assert not any(line.startswith("--recompute") for line in export(planned("none", recompute_modules=("mlp",)),
-                                                                    "megatron").splitlines())
+    # a search that may take the modules and chooses another mode: the plan records them, the launch has none
+    unused = make_plan(model, CLUSTER, gpus=8, global_batch=16, seq_len=2048, precision="bf16", attention="flash",
+                       runtime="megatron", constraints={"dp": 8, "zero": 1}, options=RunOptions(recompute_modules=("mlp",)))
+    assert unused["strategy"]["recompute"] != "selective"
+    assert unused["inputs"]["training"]["recompute_modules"] == ["mlp"]
+    assert not any(line.startswith("--recompute-modules") for line in export(unused, "megatron").splitlines())
+    # a strategy that recomputes otherwise, asked with modules, is a contradiction
+    for mode in ("none", "full"):
+        with pytest.raises(SpecError, match=f"recompute {mode} recomputes"):
+            planned(mode, recompute_modules=("mlp",))
     ideal = estimate_plan(model, CLUSTER, gpus=8, global_batch=16, seq_len=2048, precision="bf16", attention="flash",
                           runtime="ideal", constraints={"dp": 8, "zero": 3, "recompute": "selective"},
                           options=RunOptions(recompute_modules=("mlp",)))

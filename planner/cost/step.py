@@ -788,8 +788,9 @@ def layer_memory_floor_bytes(prof: Profile) -> np.ndarray:
     if s.recompute == "full":
         saved = np.minimum(saved, np.diff(P["saved_f"]))
     shards = state_shards(s.dp, s.cp, s.ep, expert_fold(prof.model, prof.setup, s.tp), s.dp_shard)
-    weights, grads, optimizer, acts, _ = stage_memory(prof.zero, dense, expert, *shards, 1.0, saved, 0.0, 0.0, 0.0,
-                                                     prof.setup)
+    weights, grads, optimizer, acts, _ = stage_memory(prof.zero, dense, expert, *shards, in_flight=1.0, saved=saved,
+                                                     head_saved=0.0, transient=0.0, prefetch_bytes=0.0,
+                                                     setup=prof.setup)
     return weights + grads + optimizer + acts
 
 

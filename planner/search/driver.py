@@ -96,7 +96,7 @@ NOTHING_SEARCHED = SearchResult(best=None, alternatives=(), closest=None, consid
 """no search at all (its summary is what a plan over pools none of which has a plan alone sums)"""
 
 
-def infeasible_message(result: SearchResult, cluster: Cluster, setup: TrainingSetup) -> str:
+def infeasible_message(result: SearchResult, model: ModelSpec, cluster: Cluster, setup: TrainingSetup) -> str:
     """Why nothing fits, and what the closest candidate would need."""
     cap = bytes_to_gib(memory.capacity_bytes(cluster, setup))
     if result.closest is not None:
@@ -111,9 +111,11 @@ def infeasible_message(result: SearchResult, cluster: Cluster, setup: TrainingSe
     if result.closest is None:
         hints.append("GPUs with more memory")  # the floor already allows ZeRO-3 and full recompute
     else:
-        if result.closest.strategy.zero < 3 and result.closest.strategy.dp * result.closest.strategy.cp > 1:
-            hints.append("ZeRO-3")  # (over one data-parallel rank it shards nothing)
-        if result.closest.strategy.recompute != "full":
+        s, rules = result.closest.strategy, space.RUNTIME_RULES[setup.runtime]
+        # where the runtime runs ZeRO-3 as such here, over more than one rank of dp x cp
+        if s.zero < 3 and s.dp * s.cp > 1 and 3 in rules.zeros(s.pp, model) and rules.priced_zero(3, s.pp) == 3:
+            hints.append("ZeRO-3")
+        if s.recompute != "full":
             hints.append("full recompute")
     fixes = f"{', '.join(hints[:-1])} or {hints[-1]}" if len(hints) > 1 else hints[0]
     room = f"{cap:.1f} GiB" + (f" ({bytes_to_gib(cluster.gpu.memory_bytes):.1f} GiB less {setup.memory_headroom:.0%} "

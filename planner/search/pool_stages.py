@@ -29,6 +29,8 @@ proportional this is the programme's optimum, the best balance of work over the 
 
 Candidates are priced in the order of their bound, each order of the pools by the split DP with
 TIE_TOLERANCE above the best step as its cutoff, until the next bound is no better than that;
+a candidate whose layers' memory floors cannot fit in its pools' stages at all (may_fit) is
+dropped before its tables are built;
 the plan is then the most conventional candidate (space.conventional) within TIE_TOLERANCE of
 the fastest (the single-pool search's rule), ties to the faster.
 """
@@ -87,6 +89,8 @@ class PoolStagesResult:
     proven_optimal: bool
     alternatives: tuple[PoolStages, ...] = ()
     """the fastest others below the cutoff, fastest first (best_pool_stages' `top`)"""
+    pruned_memory: int = 0
+    """(allocation, strategy) candidates reached in bound order that may_fit proved no split fits"""
 
 
 def pool_rules(rules: RuntimeRules) -> RuntimeRules:
@@ -120,7 +124,7 @@ def candidates(model: ModelSpec, cluster: MixedCluster, setup: TrainingSetup, fi
                     if sp and tp == 1:
                         continue
                     etp = setup.expert_tp(tp, model)
-                    zeros = [z for z in rules.zeros(pp, model) if fixed.get("zero", z) == z]
+                    zeros = space.zero_options(model, pp, False, fixed.get("zero"), rules)
                     for ep in space.ep_options(model, expert_pool(tp, cp, dp, etp)[0], fixed.get("ep"), rules,
                                                setup.precision, setup.ep_overlap):
                         if not rules.order_runs(ORDER, cp, pp, ep, tp // etp) or not has_expert_layout(
@@ -173,7 +177,7 @@ def may_fit(profs: dict, counts: dict, clusters, setup: TrainingSetup) -> bool:
     least = np.min(np.stack([layer_memory_floor_bytes(p) for p in profs.values()]), axis=0).sum()
     room = sum(k * (memory.capacity_bytes(clusters[j], setup) - memory.RUNTIME_RESERVED_BYTES)
                for j, k in counts.items())
-    return bool(least <= room)
+    return bool(least * (1 - SAFETY) <= room)  # (floors.SAFETY: the sums' rounding, as the search's memory floors)
 
 
 def _widths(model: ModelSpec, floors: dict, pp: int, m: int, limit: float) -> dict:
@@ -223,7 +227,7 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
         bounded.append((lows[key], n, s, counts))
     bounded.sort(key=lambda b: b[:2])
     found: list[PoolStages] = []
-    fastest, priced, proven = cutoff_s / (1 + space.TIE_TOLERANCE), 0, True
+    fastest, priced, unfit, proven = cutoff_s / (1 + space.TIE_TOLERANCE), 0, 0, True
 
     def pruned_at() -> float:
         """prune_limit of what is found so far; a candidate at the limit still ties."""
@@ -241,7 +245,8 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
             continue  # some pool can hold no stage below the limit
         profs = {j: profile(model, clusters[j], setup, s) for j in counts}
         if not may_fit(profs, counts, clusters, setup):
-            continue  # no split of the layers fits the pools' stages
+            unfit += 1  # no split of the layers fits the pools' stages
+            continue
         width = max(widths.values())
         tables = {j: _tables(profs[j], rules, width, longest=widths[j]) for j in profs}
         for order in itertools.permutations(sorted(profs)):
@@ -260,7 +265,7 @@ def best_pool_stages(model: ModelSpec, cluster: MixedCluster, setup: TrainingSet
             fastest = min(fastest, split.step_s)
     best, others = ranked(found, top, clusters, fastest * (1 + space.TIE_TOLERANCE))
     return PoolStagesResult(best=best, considered=len(bounded), priced=priced, proven_optimal=proven,
-                            alternatives=others)
+                            alternatives=others, pruned_memory=unfit)
 
 
 def prune_limit(steps: list[float], top: int, cutoff_s: float) -> float:

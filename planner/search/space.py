@@ -138,8 +138,7 @@ def zero_options(model: ModelSpec, pp: int, alone: bool, fixed: int | None, rule
     """ZeRO stages the runtime runs with `pp` stages for the model that the constraint leaves;
     plain replication (ZeRO 0) only for data parallelism alone where the runtime replicates
     only then (`alone`: tp = pp = cp = 1)."""
-    return tuple(z for z in rules.zeros(pp, model)
-                 if fixed in (None, z) and (z or alone or not rules.replicate_alone))
+    return tuple(z for z in rules.zeros(pp, model) if fixed in (None, z) and not rules.zero_refusal(z, pp, model, alone))
 
 
 def ep_options(model: ModelSpec, pool: int, fixed: int | None, rules: RuntimeRules,
@@ -156,20 +155,36 @@ def ep_options(model: ModelSpec, pool: int, fixed: int | None, rules: RuntimeRul
 
 def vpp_options(model: ModelSpec, pp: int, microbatches: int, fixed: int | None, rules: RuntimeRules,
                 ep_overlap: bool = False) -> list[int]:
-    """Virtual stages per rank; with pipeline stages under ep_overlap, interleaved only
-    (runtimes.ep_overlap_problems)."""
-    def legal(v: int) -> bool:
-        if ep_overlap and not ep_overlap_runs_stages(pp, v):
-            return False
-        if v == 1:
-            # a runtime that splits unevenly only on the ends runs no other split
-            return rules.uneven_split != "ends" or pp <= 2 or ends_layout_exists(model.layers, pp)
-        return (pp > 1 and rules.interleaving and microbatches % pp == 0 and pp * v <= model.layers
-                and rules.chunks_run(model.layers, pp, v))
+    """Virtual stages per rank: those vpp_refusal lets through (a constraint may go beyond MAX_VPP)."""
+    values = [fixed] if fixed is not None else range(1, MAX_VPP + 1)
+    return [v for v in values if vpp_refusal(model, pp, v, microbatches, rules, ep_overlap) is None]
 
-    if fixed is not None:  # a constraint may go beyond MAX_VPP
-        return [fixed] if legal(fixed) else []
-    return [v for v in range(1, MAX_VPP + 1) if legal(v)]
+
+def vpp_refusal(model: ModelSpec, pp: int, vpp: int, microbatches: int, rules: RuntimeRules,
+                ep_overlap: bool = False) -> str | None:
+    """Why the runtime runs no strategy with `vpp` virtual stages per rank over `pp` stages and
+    `microbatches` micro-batches, or None: under ep_overlap, interleaved stages only where there
+    are stages (runtimes.ep_overlap_problems); one chunk a stage where the runtime has a split of
+    the layers (one that splits unevenly only on the ends may have none); interleaving where it
+    interleaves, the micro-batches a multiple of pp, pp * vpp <= layers and chunks it runs."""
+    if ep_overlap and not ep_overlap_runs_stages(pp, vpp):
+        return "expert-parallel overlap (--ep-overlap) runs pipeline stages interleaved only (vpp > 1)"
+    if vpp == 1:
+        if rules.uneven_split == "ends" and pp > 2 and not ends_layout_exists(model.layers, pp):
+            return (f"it splits {model.layers} layers over {pp} stages unevenly only on the first and last stage, "
+                    f"with at most {stage_width(model.layers, pp)} layers a stage, and no such split exists")
+        return None
+    if pp == 1:
+        return f"vpp {vpp} needs pipeline stages (pp is 1)"
+    if not rules.interleaving:
+        return f"it runs no interleaved stages (vpp {vpp})"
+    if microbatches % pp:
+        return f"interleaving needs the micro-batches ({microbatches}) to be a multiple of pp ({pp})"
+    if pp * vpp > model.layers:
+        return f"pp x vpp ({pp} x {vpp}) exceeds the layers ({model.layers})"
+    if not rules.chunks_run(model.layers, pp, vpp):
+        return f"unequal virtual chunks ({model.layers} layers over {pp * vpp} chunks)"
+    return None
 
 
 def ends_layout_exists(layers: int, pp: int) -> bool:
@@ -219,16 +234,17 @@ def tuple_gap(model: ModelSpec, setup: TrainingSetup, fixed: dict, rules: Runtim
     """Why the space holds no strategy of these degrees, asking the rules it is enumerated by in
     turn (search/bounds.bound_counts: the ZeRO stages, the micro-batches, the pipeline splits);
     None when none of them is the reason."""
-    if not zero_options(model, pp, tp == pp == cp == 1, fixed.get("zero"), rules):
-        return (f"no ZeRO stage it runs here is left (it runs {rules.zeros(pp, model)}"
-                + (" under pipeline stages" if pp > 1 else "") + ")")
+    alone = tp == pp == cp == 1
+    if not zero_options(model, pp, alone, fixed.get("zero"), rules):
+        zero = fixed.get("zero")
+        return (rules.zero_refusal(zero, pp, model, alone) if zero is not None
+                else f"it runs no ZeRO stage here ({rules.zeros(pp, model)})")
     per_rank = setup.global_batch // dp
     mbs = allowed(divisors(per_rank), fixed.get("micro_batch"))
     if not mbs:
         return f"micro-batch {fixed['micro_batch']} does not divide the {per_rank} sequences of a data-parallel rank"
     if not any(vpp_options(model, pp, per_rank // mb, fixed.get("vpp"), rules, setup.ep_overlap) for mb in mbs):
-        if rules.uneven_split == "ends" and pp > 2 and not ends_layout_exists(model.layers, pp):
-            return (f"it splits {model.layers} layers over {pp} stages unevenly only on the first and last stage, "
-                    f"with at most {stage_width(model.layers, pp)} layers a stage, and no such split exists")
-        return f"no pipeline schedule it runs splits {model.layers} layers over {pp} stages"
+        # the reason for the vpp asked for, or for one chunk a stage (each vpp has one), at the
+        # micro-batch with the most micro-batches
+        return vpp_refusal(model, pp, fixed.get("vpp", 1), per_rank // mbs[0], rules, setup.ep_overlap)
     return None

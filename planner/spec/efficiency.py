@@ -21,6 +21,7 @@ version 2 only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from planner.errors import SpecError
@@ -49,7 +50,7 @@ class Efficiency:
     def __post_init__(self) -> None:
         for name in self.PARAMETERS:
             lo, hi = self.BOUNDS[name]
-            if not lo <= getattr(self, name) <= hi or name == "framework_fraction" and self.framework_fraction <= 0:
+            if not lo <= getattr(self, name) <= hi:
                 raise SpecError(f"efficiency.{name}: expected a value in [{lo}, {hi}], got {getattr(self, name)}")
 
     def values(self) -> tuple[float, ...]:
@@ -110,11 +111,13 @@ def efficiency_from_fields(f: Fields | None, family: str) -> Efficiency | Legacy
         return LegacyEfficiency(**legacy, source=source)
     if f.int("version", VERSION) != VERSION:
         raise f.error("version", f"expected {VERSION} (or no version with the seven fractions of version 1)")
-    # the physical ranges read here too, so that a bad value names its file
-    values = {n: f.float(n, getattr(default, n), minimum=Efficiency.BOUNDS[n][0], positive=False,
-                         maximum=Efficiency.BOUNDS[n][1]) for n in Efficiency.PARAMETERS}
+    # numbers here; their physical ranges are Efficiency's own (BOUNDS), its error named with the file
+    values = {n: f.float(n, getattr(default, n), minimum=-math.inf, positive=False) for n in Efficiency.PARAMETERS}
     fitted = f.raw("fitted", []) or []
     if not isinstance(fitted, (list, tuple)) or any(n not in Efficiency.PARAMETERS for n in fitted):
         raise f.error("fitted", f"expected a list of {', '.join(Efficiency.PARAMETERS)}")
     f.reject_unknown()
-    return Efficiency(**values, source=source, fitted=tuple(fitted))
+    try:
+        return Efficiency(**values, source=source, fitted=tuple(fitted))
+    except SpecError as e:
+        raise SpecError(f"{f.where}: {e}") from None

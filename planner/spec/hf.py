@@ -303,7 +303,7 @@ def _activation(cfg: _Config, family: Family) -> str:
     one of the two."""
     found = cfg.find(family.act)
     if found is None:
-        gated = cfg.find(("hidden_act",)) if not family.act else None
+        gated = cfg.find(("hidden_act",)) if family.ffn_act == "swiglu" else None
         if gated is not None and not any(a in str(gated[1]).lower() for a in ("silu", "swish", "gelu")):
             raise cfg.error(f"hidden_act: activation {gated[1]!r} is not supported in a gated MLP (expected silu "
                             "or a gelu variant)")
